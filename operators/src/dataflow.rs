@@ -1,0 +1,93 @@
+//! The layer-0 operators as timely/differential dataflow: embedding and similarity edges.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use differential_dataflow::{AsCollection, VecCollection};
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::Capability;
+use timely::order::TotalOrder;
+use timely::progress::Timestamp;
+
+use crate::embed::Embedder;
+use crate::hash::{fnv1a, space_hash};
+use crate::model::{Edge, Embedding, Node};
+use crate::similarity::{to_edges, SimilarityIndex, SimilarityParams};
+
+/// Embeds every node. Nodes are spread over the workers by id (embedding is the costly, embarrassingly parallel
+/// part of ingest), and each container of updates is embedded as one batch. Retractions are embedded again rather
+/// than looked up: the embedder is deterministic, so they cancel their insertions exactly.
+pub fn embed_nodes<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node)>,
+    embedder: Arc<dyn Embedder>,
+) -> VecCollection<'s, T, (String, Node, Embedding)>
+where
+    T: Timestamp + TotalOrder,
+{
+    let pact = Exchange::new(|u: &((String, Node), T, isize)| fnv1a((u.0).1.id.as_bytes()));
+    nodes
+        .inner
+        .unary(pact, "EmbedNodes", move |_cap, _info| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    let texts: Vec<String> = data.iter().map(|((_, n), _, _)| n.embedding_text()).collect();
+                    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                    let embs = embedder.embed_batch(&refs);
+                    let mut session = output.session(&cap);
+                    for (((space, node), t, d), e) in data.drain(..).zip(embs) {
+                        session.give(((space, node, e), t, d));
+                    }
+                });
+            }
+        })
+        .as_collection()
+}
+
+/// CAM's similarity edges, maintained per space by a [`SimilarityIndex`] on the worker that owns the space. The
+/// operator holds each epoch until its input frontier passes it, then applies the whole epoch at once, so the
+/// output at every time is the exact graph of the nodes at that time.
+pub fn similarity_edges<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node, Embedding)>,
+    params: SimilarityParams,
+) -> VecCollection<'s, T, Edge>
+where
+    T: Timestamp + TotalOrder,
+{
+    let pact = Exchange::new(|u: &((String, Node, Embedding), T, isize)| space_hash(&(u.0).0));
+    nodes
+        .inner
+        .unary_frontier(pact, "SimilarityEdges", move |_cap, _info| {
+            let mut indexes: HashMap<String, SimilarityIndex> = HashMap::new();
+            let mut pending: BTreeMap<T, (Capability<T>, Vec<((String, Node, Embedding), isize)>)> = BTreeMap::new();
+            move |(input, frontier), output| {
+                input.for_each(|cap, data| {
+                    for (row, t, d) in data.drain(..) {
+                        let slot = pending.entry(t.clone()).or_insert_with(|| (cap.delayed(&t, 0), Vec::new()));
+                        slot.1.push((row, d));
+                    }
+                });
+                while let Some(t) = pending.keys().next().cloned() {
+                    if frontier.less_equal(&t) {
+                        break;
+                    }
+                    let (cap, rows) = pending.remove(&t).expect("first key");
+                    let mut by_space: BTreeMap<String, Vec<(Node, Embedding, isize)>> = BTreeMap::new();
+                    for ((space, node, emb), d) in rows {
+                        by_space.entry(space).or_default().push((node, emb, d));
+                    }
+                    let mut session = output.session(&cap);
+                    for (space, changes) in by_space {
+                        let index =
+                            indexes.entry(space.clone()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+                        let deltas = index.apply(changes);
+                        session.give_iterator(to_edges(&space, deltas).map(|(e, d)| (e, t.clone(), d)));
+                        if index.is_empty() {
+                            indexes.remove(&space);
+                        }
+                    }
+                }
+            }
+        })
+        .as_collection()
+}

@@ -1,0 +1,160 @@
+//! From records to node deltas. Replacement and deletion need the previous version of what a record replaces; the
+//! ingestor keeps the current nodes of every document, so its state is a function of the records it has seen (and
+//! a replay of the same records rebuilds it).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::chunk::chunk_text;
+use crate::model::{Node, NodeKind, POSITION_SCALE};
+use crate::record::Record;
+
+/// A change to layer 0: `(space, node, +1 | -1)`.
+pub type NodeDelta = (String, Node, isize);
+
+#[derive(Clone, Debug)]
+pub struct Ingestor {
+    /// Token budget of a chunk (CAM: 512).
+    pub chunk_tokens: usize,
+    /// (space, doc) → unit key → the nodes of that unit. A unit is what one record replaces: a chunk `seq`, a turn,
+    /// or (for a `document` record) the whole document under the key "".
+    docs: HashMap<(String, String), BTreeMap<String, Vec<Node>>>,
+}
+
+impl Ingestor {
+    pub fn new(chunk_tokens: usize) -> Self {
+        Ingestor { chunk_tokens, docs: HashMap::new() }
+    }
+
+    /// Number of live layer-0 nodes over all spaces.
+    pub fn node_count(&self) -> usize {
+        self.docs.values().flat_map(|d| d.values()).map(Vec::len).sum()
+    }
+
+    /// Applies one record, returning the node deltas it causes (retractions first).
+    pub fn apply(&mut self, record: Record) -> Vec<NodeDelta> {
+        let mut out = Vec::new();
+        match record {
+            Record::Delete { space, doc } => {
+                if let Some(units) = self.docs.remove(&(space.clone(), doc)) {
+                    for n in units.into_values().flatten() {
+                        out.push((space.clone(), n, -1));
+                    }
+                }
+            }
+            Record::Chunk { space, doc, seq, text, ts } => {
+                let parts = chunk_text(&text, self.chunk_tokens);
+                let count = parts.len() as i64;
+                let nodes = parts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(p, text)| Node {
+                        id: if count == 1 { format!("{doc}#{seq}") } else { format!("{doc}#{seq}.{p}") },
+                        kind: NodeKind::Chunk,
+                        doc: doc.clone(),
+                        pos: seq * POSITION_SCALE + (p as i64) * POSITION_SCALE / count,
+                        text,
+                        speaker: None,
+                        ts: ts.clone(),
+                    })
+                    .collect();
+                self.replace(space, doc, format!("{seq:020}"), nodes, &mut out);
+            }
+            Record::Document { space, doc, text, ts } => {
+                let nodes = chunk_text(&text, self.chunk_tokens)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, text)| Node {
+                        id: format!("{doc}#{i}"),
+                        kind: NodeKind::Chunk,
+                        doc: doc.clone(),
+                        pos: i as i64 * POSITION_SCALE,
+                        text,
+                        speaker: None,
+                        ts: ts.clone(),
+                    })
+                    .collect();
+                // A whole document replaces every unit of it, chunk records included.
+                if let Some(units) = self.docs.remove(&(space.clone(), doc.clone())) {
+                    out.extend(units.into_values().flatten().map(|n| (space.clone(), n, -1)));
+                }
+                self.replace(space, doc, String::new(), nodes, &mut out);
+            }
+            Record::Turn { space, conversation, turn, speaker, text, ts, seq } => {
+                let pos = seq.unwrap_or_else(|| turn_position(&turn)) * POSITION_SCALE;
+                let node = Node {
+                    id: format!("{conversation}#{turn}"),
+                    kind: NodeKind::Turn,
+                    doc: conversation.clone(),
+                    pos,
+                    text,
+                    speaker: Some(speaker),
+                    ts,
+                };
+                self.replace(space, conversation, turn, vec![node], &mut out);
+            }
+        }
+        out
+    }
+
+    fn replace(&mut self, space: String, doc: String, unit: String, nodes: Vec<Node>, out: &mut Vec<NodeDelta>) {
+        let units = self.docs.entry((space.clone(), doc)).or_default();
+        if let Some(old) = units.insert(unit, nodes.clone()) {
+            out.extend(old.into_iter().map(|n| (space.clone(), n, -1)));
+        }
+        out.extend(nodes.into_iter().map(|n| (space.clone(), n, 1)));
+    }
+}
+
+/// The order of a turn within its conversation, from ids of the LoCoMo form `D<session>:<turn>` (sessions kept
+/// far apart, so that the positional term never links two sessions) or a trailing number; 0 otherwise. A turn may
+/// give `seq` to say it directly.
+pub fn turn_position(turn: &str) -> i64 {
+    let digits = |s: &str| s.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<i64>().ok();
+    if let Some((session, n)) = turn.split_once(':') {
+        if let (Some(s), Some(n)) = (digits(session), digits(n)) {
+            return s.min(1_000_000) * 10_000 + n.min(9_999);
+        }
+    }
+    let tail: String = turn.chars().rev().take_while(char::is_ascii_digit).collect::<Vec<_>>().into_iter().rev().collect();
+    tail.parse::<i64>().map(|n| n.min(1_000_000_000)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(doc: &str, seq: i64, text: &str) -> Record {
+        Record::Chunk { space: "s".into(), doc: doc.into(), seq, text: text.into(), ts: None }
+    }
+
+    #[test]
+    fn replace_and_delete_retract_what_they_replace() {
+        let mut ing = Ingestor::new(512);
+        let d = ing.apply(chunk("d", 0, "first"));
+        assert_eq!(d.len(), 1);
+        let d = ing.apply(chunk("d", 0, "second"));
+        assert_eq!(d.iter().map(|x| (x.1.text.as_str(), x.2)).collect::<Vec<_>>(), vec![("first", -1), ("second", 1)]);
+        ing.apply(chunk("d", 1, "third"));
+        assert_eq!(ing.node_count(), 2);
+        let d = ing.apply(Record::Delete { space: "s".into(), doc: "d".into() });
+        assert_eq!(d.iter().filter(|x| x.2 == -1).count(), 2);
+        assert_eq!(ing.node_count(), 0);
+        assert!(ing.apply(Record::Delete { space: "s".into(), doc: "d".into() }).is_empty());
+    }
+
+    #[test]
+    fn documents_are_chunked_with_positions() {
+        let mut ing = Ingestor::new(3);
+        let d = ing.apply(Record::Document { space: "s".into(), doc: "b".into(), text: "a b c\n\nd e f".into(), ts: None });
+        let pos: Vec<_> = d.iter().map(|x| (x.1.id.as_str(), x.1.pos)).collect();
+        assert_eq!(pos, vec![("b#0", 0), ("b#1", 1000)]);
+    }
+
+    #[test]
+    fn turn_positions() {
+        assert_eq!(turn_position("D1:14"), 10_014);
+        assert_eq!(turn_position("D12:3"), 120_003);
+        assert_eq!(turn_position("t-7"), 7);
+        assert_eq!(turn_position("hello"), 0);
+    }
+}

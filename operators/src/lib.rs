@@ -1,0 +1,18 @@
+//! engram's memory model and dataflow algorithms.
+//!
+//! Pure: no sockets, no files, no clocks. Anything that talks to the outside world (an embedding model, an LLM) is
+//! reached through a trait defined here and implemented in `engram-connectors`.
+
+pub mod chunk;
+pub mod dataflow;
+pub mod embed;
+pub mod hash;
+pub mod ingest;
+pub mod model;
+pub mod record;
+pub mod similarity;
+
+pub use embed::{Embedder, HashEmbedder};
+pub use model::{Edge, Embedding, Node, NodeKind};
+pub use record::{parse_record, Limits, Record, Reject};
+pub use similarity::{SimilarityIndex, SimilarityParams};

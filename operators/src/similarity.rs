@@ -1,0 +1,460 @@
+//! CAM's foundational network expansion: the layer-0 similarity graph.
+//!
+//! Score of two chunks: `S = α·max(0, cos) + (1−α)·exp(−(i−j)²/2σ²)`, the positional term only between chunks of one
+//! document. Every node keeps its `k` best neighbours with `S ≥ θ` (ties broken by id), and the graph's undirected
+//! edges are the pairs where either end keeps the other. That definition depends only on the live set of nodes, so
+//! the incrementally maintained graph is exactly the graph a from-scratch build of the same nodes gives:
+//!
+//! * an insert `w` computes its own neighbours, and enters the lists of the nodes it beats (any such node scores
+//!   `S ≥ θ` with `w`, so it is among `w`'s candidates: the reverse lookup is exact);
+//! * a delete `d` leaves the lists that held it; those nodes are recomputed from the index once the batch's inserts
+//!   are in (a neighbour that drops below `k` finds its replacements).
+//!
+//! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every node with `cos ≥ θ/α` — grown until the
+//! last hit falls below the bound, plus every node of the same document (where the positional term can lift a pair
+//! over θ). hnsw_rs cannot delete: deleted points are tombstoned, filtered out of searches, and the index is rebuilt
+//! when tombstones outnumber the living.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use hnsw_rs::prelude::{DistCosine, Hnsw};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Edge, Embedding, Node, POSITION_SCALE};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct SimilarityParams {
+    /// Weight of cosine similarity against positional proximity (CAM: 0.6).
+    pub alpha: f32,
+    /// Minimum score of an edge. CAM's code uses 0.6 with OpenAI embeddings; see `default.toml` for the hash
+    /// embedder's calibration.
+    pub theta: f32,
+    /// Width of the positional Gaussian, in chunks (CAM: 1.0).
+    pub sigma: f32,
+    /// Neighbours kept per node (CAM: 10).
+    pub k: usize,
+    /// HNSW: links per node and layer.
+    pub max_connections: usize,
+    /// HNSW: candidate list while inserting; the main cost knob of ingest.
+    pub ef_construction: usize,
+    /// HNSW: candidate list while searching (at least the number of results asked for).
+    pub ef_search: usize,
+    /// Below this many live nodes a space is searched exhaustively: exact and faster than a graph walk.
+    pub exhaustive_below: usize,
+}
+
+impl Default for SimilarityParams {
+    fn default() -> Self {
+        SimilarityParams {
+            alpha: 0.6,
+            theta: 0.6,
+            sigma: 1.0,
+            k: 10,
+            max_connections: 16,
+            ef_construction: 100,
+            ef_search: 64,
+            exhaustive_below: 256,
+        }
+    }
+}
+
+impl SimilarityParams {
+    /// Every problem with the parameters, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errs = Vec::new();
+        if !(0.0..=1.0).contains(&self.alpha) {
+            errs.push(format!("similarity.alpha = {} must be in [0, 1]", self.alpha));
+        }
+        if !(self.theta > 0.0 && self.theta <= 1.0) {
+            errs.push(format!("similarity.theta = {} must be in (0, 1]", self.theta));
+        }
+        if !(self.sigma > 0.0 && self.sigma.is_finite()) {
+            errs.push(format!("similarity.sigma = {} must be positive", self.sigma));
+        }
+        if self.k == 0 || self.k > 1000 {
+            errs.push(format!("similarity.k = {} must be in 1..=1000", self.k));
+        }
+        if !(2..=256).contains(&self.max_connections) {
+            errs.push(format!("similarity.max-connections = {} must be in 2..=256", self.max_connections));
+        }
+        if self.ef_construction == 0 || self.ef_search == 0 {
+            errs.push("similarity.ef-construction and similarity.ef-search must be positive".into());
+        }
+        errs
+    }
+
+    /// The positional term of two nodes of one document.
+    pub fn positional(&self, a: i64, b: i64) -> f32 {
+        let d = (a - b) as f32 / POSITION_SCALE as f32;
+        (-(d * d) / (2.0 * self.sigma * self.sigma)).exp()
+    }
+
+    /// The similarity score of two nodes. Symmetric, and computed in one fixed order so that it is bit-identical
+    /// wherever it is computed.
+    pub fn score(&self, a: (&str, i64, &Embedding), b: (&str, i64, &Embedding)) -> f32 {
+        let cos = a.2.dot(b.2).max(0.0);
+        let pos = if a.0 == b.0 { self.positional(a.1, b.1) } else { 0.0 };
+        self.alpha * cos + (1.0 - self.alpha) * pos
+    }
+
+    /// Smallest cosine that can reach θ across documents.
+    fn min_cross_cos(&self) -> Option<f32> {
+        (self.alpha > 0.0).then(|| self.theta / self.alpha - 1e-4)
+    }
+}
+
+/// Weight in millionths, as edges carry it.
+pub fn micro(score: f32) -> u32 {
+    (score.clamp(0.0, 1.0) * 1e6).round() as u32
+}
+
+/// A neighbour in a top-k list: best score first, then smallest id.
+#[derive(Clone, Debug, PartialEq)]
+struct Scored {
+    score: f32,
+    id: Arc<str>,
+}
+
+fn better(a: &Scored, b: &Scored) -> bool {
+    a.score > b.score || (a.score == b.score && a.id < b.id)
+}
+
+struct Entry {
+    node: Node,
+    emb: Embedding,
+    /// The HNSW data id; `None` for a zero vector, which no cosine can reach.
+    slot: Option<usize>,
+}
+
+/// The similarity graph of one space: its HNSW index, each node's top-k list and the reverse lists.
+pub struct SimilarityIndex {
+    params: SimilarityParams,
+    hnsw: Hnsw<'static, f32, DistCosine>,
+    /// HNSW data id → node id; `None` once deleted.
+    slots: Vec<Option<Arc<str>>>,
+    tombstones: usize,
+    entries: HashMap<Arc<str>, Entry>,
+    by_doc: HashMap<String, BTreeSet<Arc<str>>>,
+    topk: HashMap<Arc<str>, Vec<Scored>>,
+    /// x → the nodes whose top-k lists hold x.
+    holders: HashMap<Arc<str>, HashSet<Arc<str>>>,
+}
+
+/// An edge change within one space: `(u, v, weight_micro, diff)`.
+pub type EdgeDelta = (String, String, u32, isize);
+
+impl SimilarityIndex {
+    pub fn new(params: SimilarityParams) -> Self {
+        let hnsw = Self::new_hnsw(&params, 1024);
+        SimilarityIndex {
+            params,
+            hnsw,
+            slots: Vec::new(),
+            tombstones: 0,
+            entries: HashMap::new(),
+            by_doc: HashMap::new(),
+            topk: HashMap::new(),
+            holders: HashMap::new(),
+        }
+    }
+
+    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, DistCosine> {
+        Hnsw::new(params.max_connections, hint.max(1024), 16, params.ef_construction, DistCosine {})
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Applies one batch of node changes (an epoch of one space) and returns the edge changes, consolidated.
+    /// A node retracted and inserted in one batch is a replacement. The result does not depend on the order of
+    /// `changes`.
+    pub fn apply(&mut self, changes: Vec<(Node, Embedding, isize)>) -> Vec<EdgeDelta> {
+        // Consolidate: a batch may retract and re-insert the same node.
+        let mut net: BTreeMap<(Node, Embedding), isize> = BTreeMap::new();
+        for (n, e, d) in changes {
+            *net.entry((n, e)).or_default() += d;
+        }
+        let mut deletes = Vec::new();
+        let mut inserts = Vec::new();
+        for ((n, e), d) in net {
+            if d < 0 {
+                deletes.push(n.id);
+            } else if d > 0 {
+                inserts.push((n, e));
+            }
+        }
+        let mut before: BTreeMap<(Arc<str>, Arc<str>), Option<u32>> = BTreeMap::new();
+        let mut dirty: BTreeSet<Arc<str>> = BTreeSet::new();
+
+        for id in deletes {
+            self.delete(&id, &mut before, &mut dirty);
+        }
+        if self.tombstones > 1024 && self.tombstones > self.entries.len() {
+            self.rebuild();
+        }
+        for (node, emb) in inserts {
+            let id: Arc<str> = Arc::from(node.id.as_str());
+            if self.entries.contains_key(&id) {
+                // An insert of a live id without its retraction: replace (upstream sends both, but be total).
+                self.delete(&id, &mut before, &mut dirty);
+            }
+            self.insert(id, node, emb, &mut before);
+        }
+        for id in dirty {
+            if self.entries.contains_key(&id) {
+                self.recompute(&id, &mut before);
+            }
+        }
+
+        let mut out = Vec::new();
+        for ((u, v), was) in before {
+            let now = self.edge_state(&u, &v);
+            if was != now {
+                if let Some(w) = was {
+                    out.push((u.to_string(), v.to_string(), w, -1));
+                }
+                if let Some(w) = now {
+                    out.push((u.to_string(), v.to_string(), w, 1));
+                }
+            }
+        }
+        out
+    }
+
+    fn pair(a: &Arc<str>, b: &Arc<str>) -> (Arc<str>, Arc<str>) {
+        if a < b {
+            (a.clone(), b.clone())
+        } else {
+            (b.clone(), a.clone())
+        }
+    }
+
+    /// Records the state of pair (a, b) before the batch touches it.
+    fn touch(&self, a: &Arc<str>, b: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+        let p = Self::pair(a, b);
+        if !before.contains_key(&p) {
+            let state = self.edge_state(&p.0, &p.1);
+            before.insert(p, state);
+        }
+    }
+
+    fn edge_state(&self, u: &Arc<str>, v: &Arc<str>) -> Option<u32> {
+        let (eu, ev) = (self.entries.get(u)?, self.entries.get(v)?);
+        let holds = |a: &Arc<str>, b: &Arc<str>| self.topk.get(a).is_some_and(|l| l.iter().any(|s| &s.id == b));
+        if holds(u, v) || holds(v, u) {
+            Some(micro(self.score_entries(eu, ev)))
+        } else {
+            None
+        }
+    }
+
+    fn score_entries(&self, a: &Entry, b: &Entry) -> f32 {
+        self.params.score((&a.node.doc, a.node.pos, &a.emb), (&b.node.doc, b.node.pos, &b.emb))
+    }
+
+    fn delete(&mut self, id: &str, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>, dirty: &mut BTreeSet<Arc<str>>) {
+        let Some((id, _)) = self.entries.get_key_value(id).map(|(k, v)| (k.clone(), v.slot)) else { return };
+        for s in self.topk.get(&id).cloned().unwrap_or_default() {
+            self.touch(&id, &s.id, before);
+            if let Some(h) = self.holders.get_mut(&s.id) {
+                h.remove(&id);
+            }
+        }
+        for y in self.holders.remove(&id).unwrap_or_default() {
+            self.touch(&y, &id, before);
+            if let Some(list) = self.topk.get_mut(&y) {
+                list.retain(|s| s.id != id);
+            }
+            dirty.insert(y);
+        }
+        self.topk.remove(&id);
+        let entry = self.entries.remove(&id).expect("entry checked above");
+        if let Some(slot) = entry.slot {
+            self.slots[slot] = None;
+            self.tombstones += 1;
+        }
+        if let Some(set) = self.by_doc.get_mut(&entry.node.doc) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_doc.remove(&entry.node.doc);
+            }
+        }
+        dirty.remove(&id);
+    }
+
+    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+        let slot = (!emb.is_zero()).then(|| {
+            let slot = self.slots.len();
+            self.hnsw.insert_slice((&emb.0, slot));
+            self.slots.push(Some(id.clone()));
+            slot
+        });
+        self.by_doc.entry(node.doc.clone()).or_default().insert(id.clone());
+        self.entries.insert(id.clone(), Entry { node, emb, slot });
+
+        let cands = self.candidates(&id);
+        let k = self.params.k;
+        // The new node's own list.
+        let mine: Vec<Scored> = cands.iter().take(k).cloned().collect();
+        for s in &mine {
+            self.touch(&id, &s.id, before);
+            self.holders.entry(s.id.clone()).or_default().insert(id.clone());
+        }
+        self.topk.insert(id.clone(), mine);
+        // Enter the lists of the nodes it beats.
+        for c in cands {
+            let me = Scored { score: c.score, id: id.clone() };
+            let list = self.topk.get(&c.id).map(Vec::as_slice).unwrap_or(&[]);
+            let enters = list.len() < k || list.last().is_some_and(|last| better(&me, last));
+            if !enters {
+                continue;
+            }
+            self.touch(&c.id, &id, before);
+            let list = self.topk.entry(c.id.clone()).or_default();
+            let at = list.iter().position(|s| better(&me, s)).unwrap_or(list.len());
+            list.insert(at, me);
+            self.holders.entry(id.clone()).or_default().insert(c.id.clone());
+            if list.len() > k {
+                let evicted = list.pop().expect("over k");
+                self.touch(&c.id, &evicted.id, before);
+                if let Some(h) = self.holders.get_mut(&evicted.id) {
+                    h.remove(&c.id);
+                }
+            }
+        }
+    }
+
+    fn recompute(&mut self, id: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+        let fresh: Vec<Scored> = self.candidates(id).into_iter().take(self.params.k).collect();
+        let old = self.topk.get(id).cloned().unwrap_or_default();
+        for s in old.iter().filter(|s| !fresh.iter().any(|f| f.id == s.id)) {
+            self.touch(id, &s.id, before);
+            if let Some(h) = self.holders.get_mut(&s.id) {
+                h.remove(id);
+            }
+        }
+        for s in fresh.iter().filter(|s| !old.iter().any(|o| o.id == s.id)) {
+            self.touch(id, &s.id, before);
+            self.holders.entry(s.id.clone()).or_default().insert(id.clone());
+        }
+        self.topk.insert(id.clone(), fresh);
+    }
+
+    /// Every live node other than `id` with `S ≥ θ`, best first.
+    fn candidates(&self, id: &Arc<str>) -> Vec<Scored> {
+        let me = &self.entries[id];
+        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        let mut out = Vec::new();
+        let mut consider = |other: &Arc<str>, out: &mut Vec<Scored>| {
+            if other == id || !seen.insert(other.clone()) {
+                return;
+            }
+            let score = self.score_entries(me, &self.entries[other]);
+            if score >= self.params.theta {
+                out.push(Scored { score, id: other.clone() });
+            }
+        };
+        if let Some(same_doc) = self.by_doc.get(&me.node.doc) {
+            for other in same_doc {
+                consider(other, &mut out);
+            }
+        }
+        if let (Some(min_cos), false) = (self.params.min_cross_cos(), me.emb.is_zero()) {
+            let live = self.entries.len();
+            if live <= self.params.exhaustive_below {
+                for other in self.entries.keys() {
+                    if self.entries[other].node.doc != me.node.doc {
+                        consider(other, &mut out);
+                    }
+                }
+            } else {
+                for other in self.range_search(&me.emb, min_cos) {
+                    consider(&other, &mut out);
+                }
+            }
+        }
+        out.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+        out
+    }
+
+    /// All live nodes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown
+    /// until the worst hit falls below the bound.
+    fn range_search(&self, q: &Embedding, min_cos: f32) -> Vec<Arc<str>> {
+        let live_slots = self.slots.len() - self.tombstones;
+        let mut want = (2 * self.params.k).max(16);
+        let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
+        loop {
+            let ef = want.max(self.params.ef_search);
+            let hits = self.hnsw.search_filter(&q.0, want, ef, Some(&filter));
+            let exhausted = hits.len() < want || want >= live_slots;
+            let worst_in_range = hits.last().is_some_and(|h| 1.0 - h.distance >= min_cos - 1e-3);
+            if exhausted || !worst_in_range {
+                return hits.into_iter().filter_map(|h| self.slots[h.d_id].clone()).collect();
+            }
+            want *= 4;
+        }
+    }
+
+    /// Rebuilds the HNSW index from the live nodes in id order, dropping tombstones.
+    fn rebuild(&mut self) {
+        let mut ids: Vec<Arc<str>> = self.entries.keys().cloned().collect();
+        ids.sort();
+        self.hnsw = Self::new_hnsw(&self.params, ids.len());
+        self.slots.clear();
+        self.tombstones = 0;
+        for id in ids {
+            let e = self.entries.get_mut(&id).expect("listed");
+            if e.slot.is_some() {
+                let slot = self.slots.len();
+                self.hnsw.insert_slice((&e.emb.0, slot));
+                self.slots.push(Some(id.clone()));
+                e.slot = Some(slot);
+            }
+        }
+    }
+
+    /// The current edges of this space, `u < v`.
+    pub fn edges(&self) -> BTreeSet<(String, String, u32)> {
+        let mut out = BTreeSet::new();
+        for (u, list) in &self.topk {
+            for s in list {
+                let (a, b) = Self::pair(u, &s.id);
+                let w = self.edge_state(&a, &b).expect("listed pair is an edge");
+                out.insert((a.to_string(), b.to_string(), w));
+            }
+        }
+        out
+    }
+}
+
+/// The same graph by brute force over a set of nodes: the reference the model tests hold the index to.
+pub fn reference_edges(params: &SimilarityParams, nodes: &[(Node, Embedding)]) -> BTreeSet<(String, String, u32)> {
+    let mut out = BTreeSet::new();
+    for (i, (a, ea)) in nodes.iter().enumerate() {
+        let mut scored: Vec<(f32, &str, usize)> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(j, (b, eb))| (params.score((&a.doc, a.pos, ea), (&b.doc, b.pos, eb)), b.id.as_str(), j))
+            .filter(|(s, _, _)| *s >= params.theta)
+            .collect();
+        scored.sort_by(|x, y| y.0.total_cmp(&x.0).then_with(|| x.1.cmp(y.1)));
+        for (s, _, j) in scored.into_iter().take(params.k) {
+            let (u, v) = if a.id < nodes[j].0.id { (&a.id, &nodes[j].0.id) } else { (&nodes[j].0.id, &a.id) };
+            out.insert((u.clone(), v.clone(), micro(s)));
+        }
+    }
+    out
+}
+
+/// Edge rows of one space, as the dataflow emits them.
+pub fn to_edges(space: &str, deltas: Vec<EdgeDelta>) -> impl Iterator<Item = (Edge, isize)> + '_ {
+    deltas.into_iter().map(move |(u, v, w, d)| (Edge { space: space.to_string(), u, v, weight_micro: w }, d))
+}
