@@ -317,17 +317,21 @@ impl SimilarityIndex {
                 continue;
             }
             self.touch(&c.id, &id, before);
-            let list = self.topk.entry(c.id.clone()).or_default();
-            let at = list.iter().position(|s| better(&me, s)).unwrap_or(list.len());
-            list.insert(at, me);
-            self.holders.entry(id.clone()).or_default().insert(c.id.clone());
-            if list.len() > k {
-                let evicted = list.pop().expect("over k");
-                self.touch(&c.id, &evicted.id, before);
-                if let Some(h) = self.holders.get_mut(&evicted.id) {
+            // The evicted pair is touched while the list still holds it.
+            let evicted = (list.len() >= k).then(|| list[list.len() - 1].id.clone());
+            if let Some(ev) = &evicted {
+                self.touch(&c.id, ev, before);
+                if let Some(h) = self.holders.get_mut(ev) {
                     h.remove(&c.id);
                 }
             }
+            let list = self.topk.entry(c.id.clone()).or_default();
+            if evicted.is_some() {
+                list.pop();
+            }
+            let at = list.iter().position(|s| better(&me, s)).unwrap_or(list.len());
+            list.insert(at, me);
+            self.holders.entry(id.clone()).or_default().insert(c.id.clone());
         }
     }
 
@@ -457,4 +461,23 @@ pub fn reference_edges(params: &SimilarityParams, nodes: &[(Node, Embedding)]) -
 /// Edge rows of one space, as the dataflow emits them.
 pub fn to_edges(space: &str, deltas: Vec<EdgeDelta>) -> impl Iterator<Item = (Edge, isize)> + '_ {
     deltas.into_iter().map(move |(u, v, w, d)| (Edge { space: space.to_string(), u, v, weight_micro: w }, d))
+}
+
+impl SimilarityIndex {
+    /// Checks every top-k list against a brute-force recomputation (tests and debugging).
+    pub fn check_lists(&self) -> Result<(), String> {
+        for id in self.entries.keys() {
+            let want: Vec<Scored> = self.candidates(id).into_iter().take(self.params.k).collect();
+            let got = self.topk.get(id).cloned().unwrap_or_default();
+            if want != got {
+                return Err(format!("list of {id}: got {got:?}, want {want:?}"));
+            }
+            for s in &got {
+                if !self.holders.get(&s.id).is_some_and(|h| h.contains(id)) {
+                    return Err(format!("holders of {} miss {id}", s.id));
+                }
+            }
+        }
+        Ok(())
+    }
 }

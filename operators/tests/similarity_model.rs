@@ -1,0 +1,237 @@
+//! Model tests for the similarity edges: seeded random inserts, replacements and deletes, checked after every batch
+//! against a brute-force sequential reference, through the HNSW index directly and through the dataflow with 1 and
+//! 3 workers (differential-dataflow's tests/bfs.rs is the pattern).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{mpsc, Arc, Mutex};
+
+use differential_dataflow::input::Input;
+use engram_operators::dataflow::{embed_nodes, similarity_edges};
+use engram_operators::model::{Node, NodeKind, POSITION_SCALE};
+use engram_operators::similarity::reference_edges;
+use engram_operators::{Edge, Embedder, Embedding, HashEmbedder, SimilarityIndex, SimilarityParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use timely::dataflow::operators::capture::{Capture, Extract};
+
+const TOPICS: &[&[&str]] = &[
+    &["bank", "rates", "inflation", "bond", "yield", "central", "policy", "markets", "euro", "dollar"],
+    &["match", "goal", "keeper", "league", "penalty", "season", "coach", "striker", "cup", "fans"],
+    &["storm", "rain", "flood", "wind", "coast", "warning", "river", "forecast", "snow", "heat"],
+    &["vaccine", "hospital", "doctors", "virus", "patients", "trial", "health", "clinic", "dose", "nurses"],
+];
+
+fn random_text(rng: &mut StdRng) -> String {
+    let topic = TOPICS[rng.gen_range(0..TOPICS.len())];
+    let n = rng.gen_range(3..9);
+    (0..n).map(|_| topic[rng.gen_range(0..topic.len())]).collect::<Vec<_>>().join(" ")
+}
+
+type Batch = Vec<(String, Node, isize)>;
+
+/// Seeded batches over three spaces: new chunks, replaced chunks and deleted documents.
+fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Batch> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut live: BTreeMap<(String, String, i64), Node> = BTreeMap::new();
+    let mut out = Vec::new();
+    for _ in 0..batches {
+        let mut batch = Vec::new();
+        for _ in 0..per_batch {
+            let space = format!("s{}", rng.gen_range(0..3));
+            let doc = format!("d{}", rng.gen_range(0..12));
+            match rng.gen_range(0..10) {
+                0 => {
+                    // delete a whole document
+                    let keys: Vec<_> = live.keys().filter(|k| k.0 == space && k.1 == doc).cloned().collect();
+                    for k in keys {
+                        let n = live.remove(&k).unwrap();
+                        batch.push((space.clone(), n, -1));
+                    }
+                }
+                _ => {
+                    let seq = rng.gen_range(0..6);
+                    let key = (space.clone(), doc.clone(), seq);
+                    if let Some(old) = live.remove(&key) {
+                        batch.push((space.clone(), old, -1));
+                    }
+                    let node = Node {
+                        id: format!("{doc}#{seq}"),
+                        kind: NodeKind::Chunk,
+                        doc: doc.clone(),
+                        pos: seq * POSITION_SCALE,
+                        text: random_text(&mut rng),
+                        speaker: None,
+                        ts: None,
+                    };
+                    live.insert(key, node.clone());
+                    batch.push((space, node, 1));
+                }
+            }
+        }
+        out.push(batch);
+    }
+    out
+}
+
+fn params(exhaustive_below: usize) -> SimilarityParams {
+    SimilarityParams { theta: 0.35, k: 4, exhaustive_below, ..SimilarityParams::default() }
+}
+
+/// The reference: brute force over the live nodes after each batch.
+fn reference(batches: &[Batch], p: &SimilarityParams) -> Vec<BTreeSet<Edge>> {
+    let emb = HashEmbedder::default();
+    // A multiset of (space, node): a batch may insert a node and retract it again.
+    let mut live: BTreeMap<(String, Node), isize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for batch in batches {
+        for (s, n, d) in batch {
+            *live.entry((s.clone(), n.clone())).or_default() += d;
+        }
+        live.retain(|_, c| *c != 0);
+        assert!(live.values().all(|c| *c == 1), "the workload keeps one version of each node");
+        let mut edges = BTreeSet::new();
+        for space in ["s0", "s1", "s2"] {
+            let nodes: Vec<(Node, Embedding)> = live
+                .keys()
+                .filter(|(s, _)| s == space)
+                .map(|(_, n)| (n.clone(), emb.embed(&n.embedding_text())))
+                .collect();
+            for (u, v, w) in reference_edges(p, &nodes) {
+                edges.insert(Edge { space: space.into(), u, v, weight_micro: w });
+            }
+        }
+        out.push(edges);
+    }
+    out
+}
+
+fn apply(set: &mut BTreeSet<Edge>, e: Edge, d: isize) {
+    match d {
+        1 => assert!(set.insert(e.clone()), "edge inserted twice: {e:?}"),
+        -1 => assert!(set.remove(&e), "edge retracted but absent: {e:?}"),
+        _ => panic!("unexpected multiplicity {d} for {e:?}"),
+    }
+}
+
+fn run_index(batches: &[Batch], p: &SimilarityParams) -> Vec<BTreeSet<Edge>> {
+    let emb = HashEmbedder::default();
+    let mut indexes: BTreeMap<String, SimilarityIndex> = BTreeMap::new();
+    let mut edges = BTreeSet::new();
+    let mut out = Vec::new();
+    for batch in batches {
+        let mut by_space: BTreeMap<String, Vec<(Node, Embedding, isize)>> = BTreeMap::new();
+        for (s, n, d) in batch {
+            let e = emb.embed(&n.embedding_text());
+            by_space.entry(s.clone()).or_default().push((n.clone(), e, *d));
+        }
+        for (s, changes) in by_space {
+            let idx = indexes.entry(s.clone()).or_insert_with(|| SimilarityIndex::new(p.clone()));
+            let deltas = idx.apply(changes);
+            idx.check_lists().unwrap();
+            for (u, v, w, d) in deltas.clone() {
+                apply(&mut edges, Edge { space: s.clone(), u, v, weight_micro: w }, d);
+            }
+            let mine: BTreeSet<(String, String, u32)> = edges
+                .iter()
+                .filter(|e| e.space == s)
+                .map(|e| (e.u.clone(), e.v.clone(), e.weight_micro))
+                .collect();
+            if mine != idx.edges() {
+                panic!("deltas {deltas:?}\nextra {:?}\nmissing {:?}", mine.difference(&idx.edges()).collect::<Vec<_>>(), idx.edges().difference(&mine).collect::<Vec<_>>());
+            }
+        }
+        out.push(edges.clone());
+    }
+    out
+}
+
+fn run_dataflow(batches: &[Batch], p: &SimilarityParams, workers: usize) -> Vec<BTreeSet<Edge>> {
+    let (send, recv) = mpsc::channel();
+    let send = Arc::new(Mutex::new(send));
+    let batches = batches.to_vec();
+    let rounds = batches.len();
+    let p = p.clone();
+    timely::execute(timely::Config::process(workers), move |worker| {
+        let send = send.lock().unwrap().clone();
+        let p = p.clone();
+        let mut input = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, nodes) = scope.new_collection::<(String, Node), isize>();
+            let embedded = embed_nodes(nodes, Arc::new(HashEmbedder::default()));
+            similarity_edges(embedded, p).inner.capture_into(send);
+            input
+        });
+        for (round, batch) in batches.iter().enumerate() {
+            // Worker 0 feeds; the others only advance, as the engine does.
+            if worker.index() == 0 {
+                for (s, n, d) in batch {
+                    input.update((s.clone(), n.clone()), *d);
+                }
+            }
+            input.advance_to(round as u64 + 1);
+        }
+    })
+    .unwrap();
+
+    let mut per_time: BTreeMap<u64, Vec<(Edge, isize)>> = BTreeMap::new();
+    for (_, updates) in recv.extract() {
+        for (e, t, d) in updates {
+            per_time.entry(t).or_default().push((e, d));
+        }
+    }
+    let mut edges = BTreeSet::new();
+    let mut out = Vec::new();
+    for round in 0..rounds as u64 {
+        let mut net: BTreeMap<Edge, isize> = BTreeMap::new();
+        for (e, d) in per_time.remove(&round).unwrap_or_default() {
+            *net.entry(e).or_default() += d;
+        }
+        for (e, d) in net.into_iter().filter(|x| x.1 != 0) {
+            apply(&mut edges, e, d);
+        }
+        out.push(edges.clone());
+    }
+    out
+}
+
+fn check(name: &str, got: &[BTreeSet<Edge>], want: &[BTreeSet<Edge>]) {
+    assert_eq!(got.len(), want.len());
+    for (round, (g, w)) in got.iter().zip(want).enumerate() {
+        if g != w {
+            let extra: Vec<_> = g.difference(w).take(5).collect();
+            let missing: Vec<_> = w.difference(g).take(5).collect();
+            panic!("{name}: batch {round}: {} edges vs {} in the reference\nextra {extra:?}\nmissing {missing:?}", g.len(), w.len());
+        }
+    }
+}
+
+#[test]
+fn index_equals_brute_force_exhaustive_and_hnsw() {
+    for seed in [1, 2, 3] {
+        let batches = workload(seed, 30, 25);
+        for p in [params(usize::MAX), params(0)] {
+            let want = reference(&batches, &p);
+            assert!(want.last().unwrap().len() > 50, "the workload must produce a real graph");
+            check(&format!("index seed {seed} exhaustive<{}", p.exhaustive_below), &run_index(&batches, &p), &want);
+        }
+    }
+}
+
+#[test]
+fn dataflow_equals_brute_force_with_1_and_3_workers() {
+    let batches = workload(7, 25, 30);
+    let p = params(0);
+    let want = reference(&batches, &p);
+    check("dataflow, 1 worker", &run_dataflow(&batches, &p, 1), &want);
+    check("dataflow, 3 workers", &run_dataflow(&batches, &p, 3), &want);
+}
+
+#[test]
+fn incremental_equals_from_scratch() {
+    // All batches at once (one epoch) against batch by batch: same final graph.
+    let batches = workload(11, 20, 30);
+    let p = params(0);
+    let incremental = run_dataflow(&batches, &p, 2);
+    let all: Batch = batches.concat();
+    let scratch = run_dataflow(&[all], &p, 2);
+    assert_eq!(incremental.last(), scratch.last());
+}
