@@ -1,1 +1,11 @@
+//! engram's I/O: sources, the durable input log, the dead-letter sink.
 
+pub mod dead_letter;
+pub mod file_source;
+pub mod input_log;
+pub mod source;
+
+pub use dead_letter::DeadLetter;
+pub use file_source::{FileSource, StdinSource};
+pub use input_log::InputLog;
+pub use source::{Position, Source, SourceBatch, SourceRecord};
