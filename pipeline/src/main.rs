@@ -1,1 +1,252 @@
-fn main(){}
+//! `engram`: a streaming memory engine for LLM agents.
+
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use connectors::{FileSource, StdinSource};
+
+use engram::config::{Config, Overrides};
+use engram::engine::{self, Shared};
+use engram::{bench, http};
+
+#[derive(Parser)]
+#[command(name = "engram", version, about = "A streaming memory engine for LLM agents (CAM + CompassMem on timely/differential dataflow)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Ingest records (files, stdin, HTTP) and serve the memory over HTTP until stopped (SIGINT/SIGTERM).
+    Run(RunArgs),
+    /// Query a running engine and print the response JSON.
+    Query(QueryArgs),
+    /// Measure throughput (`engram bench ingest`).
+    Bench(bench::BenchArgs),
+}
+
+/// timely's own flags (-w, -n, -p, -h) keep their meaning; `--help` shows help (-h is the hostfile).
+#[derive(Args, Clone, Debug)]
+#[command(disable_help_flag = true)]
+pub struct TimelyArgs {
+    /// Worker threads per process.
+    #[arg(short = 'w', long = "workers", default_value_t = 1)]
+    pub workers: usize,
+    /// Number of processes in the cluster.
+    #[arg(short = 'n', long = "processes", default_value_t = 1)]
+    pub processes: usize,
+    /// This process's index in the cluster (0 serves HTTP).
+    #[arg(short = 'p', long = "process", default_value_t = 0)]
+    pub process: usize,
+    /// File with one `host:port` per process.
+    #[arg(short = 'h', long = "hostfile")]
+    pub hostfile: Option<PathBuf>,
+}
+
+impl TimelyArgs {
+    pub fn config(&self) -> anyhow::Result<timely::Config> {
+        use timely::CommunicationConfig as C;
+        anyhow::ensure!(self.workers >= 1, "-w must be at least 1");
+        anyhow::ensure!(self.process < self.processes, "-p {} must be below -n {}", self.process, self.processes);
+        let communication = if self.processes > 1 {
+            let addresses: Vec<String> = match &self.hostfile {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("hostfile {}: {e}", path.display()))?
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .take(self.processes)
+                    .map(String::from)
+                    .collect(),
+                None => (0..self.processes).map(|i| format!("localhost:{}", 2101 + i)).collect(),
+            };
+            anyhow::ensure!(addresses.len() == self.processes, "the hostfile names {} of {} processes", addresses.len(), self.processes);
+            C::Cluster { threads: self.workers, process: self.process, addresses, report: false, zerocopy: false }
+        } else if self.workers > 1 {
+            C::Process(self.workers)
+        } else {
+            C::Thread
+        };
+        Ok(timely::Config { communication, worker: timely::WorkerConfig::default() })
+    }
+}
+
+#[derive(Args)]
+#[command(disable_help_flag = true)]
+struct RunArgs {
+    /// Configuration file (TOML); layered over the embedded defaults, under ENGRAM__* variables and flags.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// JSONL record file to ingest (repeatable); `-` reads stdin.
+    #[arg(long = "input")]
+    inputs: Vec<PathBuf>,
+    /// Keep reading the input files as they grow.
+    #[arg(long)]
+    follow: bool,
+    /// HTTP API address.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Admin address (/metrics, /healthz).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Data directory (input log, dead-letter file).
+    #[arg(long = "data-dir")]
+    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    timely: TimelyArgs,
+    /// Print help.
+    #[arg(long, action = ArgAction::Help)]
+    help: Option<bool>,
+}
+
+#[derive(Args)]
+struct QueryArgs {
+    /// Base URL of a running engine.
+    #[arg(long, default_value = "http://127.0.0.1:7600")]
+    url: String,
+    #[arg(long)]
+    space: String,
+    /// flat | prune-and-grow | compass
+    #[arg(long, default_value = "flat")]
+    mode: String,
+    #[arg(long = "budget-words")]
+    budget_words: Option<usize>,
+    #[arg(long)]
+    k: Option<usize>,
+    /// Wait until the memory includes this ingest receipt.
+    #[arg(long)]
+    after: Option<String>,
+    /// The question.
+    question: String,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "info,hnsw_rs=warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Query(args) => query(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let overrides = Overrides { data_dir: args.data_dir.clone(), listen: args.listen, admin: args.admin };
+    let config = match Config::load(args.config.as_deref(), std::env::vars(), &overrides) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let timely_config = args.timely.config()?;
+    let serving = args.timely.process == 0;
+    let shared = Shared::open(config)?;
+
+    // Bind before starting anything, so a taken port fails fast and clearly.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listeners = if serving {
+        let (api, admin) = rt.block_on(async {
+            let api = tokio::net::TcpListener::bind(shared.config.listen).await;
+            let admin = tokio::net::TcpListener::bind(shared.config.admin).await;
+            (api, admin)
+        });
+        let api = api.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
+        let admin = admin.map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", shared.config.admin))?;
+        Some((api, admin))
+    } else {
+        None
+    };
+
+    let mut sources = Vec::new();
+    if serving {
+        for path in &args.inputs {
+            let (src, kind): (Box<dyn connectors::Source>, &'static str) = if path.as_os_str() == "-" {
+                (Box::new(StdinSource::spawn()), "stdin")
+            } else {
+                anyhow::ensure!(args.follow || path.exists(), "input file {} does not exist", path.display());
+                (Box::new(FileSource::new(path, args.follow)), "file")
+            };
+            sources.push(engine::spawn_source(shared.clone(), src, kind));
+        }
+    }
+
+    let worker_shared = shared.clone();
+    let guards = timely::execute(timely_config, move |worker| engine::run_worker(worker, worker_shared.clone()))
+        .map_err(|e| anyhow::anyhow!("starting timely: {e}"))?;
+
+    if let Some((api, admin)) = listeners {
+        let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
+        tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
+        let api_app = http::api(shared.clone());
+        let admin_app = http::admin(shared.clone());
+        rt.block_on(async move {
+            let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
+            let mut rx1 = tx.subscribe();
+            let mut rx2 = tx.subscribe();
+            let a = tokio::spawn(async move {
+                axum::serve(api, api_app).with_graceful_shutdown(async move { let _ = rx1.recv().await; }).await
+            });
+            let b = tokio::spawn(async move {
+                axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
+            });
+            http::shutdown_signal().await;
+            tracing::info!("stopping: finishing the open epoch");
+            let _ = tx.send(());
+            let _ = a.await;
+            let _ = b.await;
+        });
+    } else {
+        rt.block_on(http::shutdown_signal());
+    }
+    shared.shutdown.store(true, Ordering::Relaxed);
+    for s in sources {
+        let _ = s.join();
+    }
+    for r in guards.join() {
+        r.map_err(|e| anyhow::anyhow!("worker failed: {e}"))?;
+    }
+    tracing::info!(as_of = ?*shared.as_of.borrow(), "stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut url = format!("{}/v1/spaces/{}/query", args.url.trim_end_matches('/'), args.space);
+        if let Some(a) = &args.after {
+            url.push_str(&format!("?after={a}"));
+        }
+        let body = serde_json::json!({
+            "query": args.question, "mode": args.mode, "budget_words": args.budget_words, "k": args.k,
+        });
+        let resp = reqwest::Client::new()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {url}: {e}"))?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        let pretty = serde_json::from_str::<serde_json::Value>(&text)
+            .map(|v| serde_json::to_string_pretty(&v).unwrap_or(text.clone()))
+            .unwrap_or(text);
+        println!("{pretty}");
+        Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    })
+}

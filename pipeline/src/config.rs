@@ -1,0 +1,261 @@
+//! Configuration: one serde tree; embedded `default.toml`, then a file, then `ENGRAM__*` environment variables,
+//! then flags. Unknown keys are rejected naming the key; every invalid value is reported at once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use operators::SimilarityParams;
+
+pub const DEFAULT_TOML: &str = include_str!("default.toml");
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub ingest: IngestConfig,
+    pub embedder: EmbedderConfig,
+    pub similarity: SimilarityParams,
+    pub llm: LlmConfig,
+    pub kafka: KafkaConfig,
+    pub query: QueryConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct IngestConfig {
+    pub max_record_bytes: usize,
+    pub max_body_bytes: usize,
+    pub chunk_tokens: usize,
+    #[serde(with = "humantime_serde")]
+    pub epoch_interval: Duration,
+    pub epoch_max_records: usize,
+    pub max_id_bytes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmbedderKind {
+    Hash,
+    Local,
+    Openai,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct EmbedderConfig {
+    pub kind: EmbedderKind,
+    pub dim: usize,
+    pub model_dir: String,
+    pub base_url: String,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LlmBackend {
+    Extractive,
+    Openai,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LlmConfig {
+    pub backend: LlmBackend,
+    pub base_url: String,
+    pub model: String,
+    pub api_key: String,
+    pub requests_per_minute: u32,
+    pub tokens_per_minute: u32,
+    pub max_in_flight: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub topics: Vec<String>,
+    pub group_id: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct QueryConfig {
+    pub default_k: usize,
+    pub default_budget_words: usize,
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+}
+
+/// Values given on the command line; each overrides its key.
+#[derive(Default, Debug, Clone)]
+pub struct Overrides {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigError(pub Vec<String>);
+
+impl Config {
+    /// Loads the layered configuration. `env` is the environment to read (the process's in production, a fixed
+    /// list in tests).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError(vec![format!("config file {}: {e}", path.display())]))?;
+            fig = fig.merge(Toml::string(&text));
+        }
+        // ENGRAM__SIMILARITY__THETA → similarity.theta; ENGRAM__DATA_DIR → data-dir. Values parse as figment's Env
+        // parses them (numbers, booleans, arrays, else strings).
+        for (k, v) in env {
+            if let Some(rest) = k.strip_prefix("ENGRAM__") {
+                let key = rest.to_lowercase().replace("__", ".").replace('_', "-");
+                let value: figment::value::Value = v.parse().unwrap_or_else(|never| match never {});
+                fig = fig.merge(Serialized::default(&key, value));
+            }
+        }
+        if let Some(d) = &overrides.data_dir {
+            fig = fig.merge(Serialized::default("data-dir", d));
+        }
+        if let Some(l) = &overrides.listen {
+            fig = fig.merge(Serialized::default("listen", l.to_string()));
+        }
+        if let Some(a) = &overrides.admin {
+            fig = fig.merge(Serialized::default("admin", a.to_string()));
+        }
+        let config: Config = fig.extract().map_err(|e| ConfigError(e.into_iter().map(|e| e.to_string()).collect()))?;
+        let errs = config.validate();
+        if errs.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError(errs))
+        }
+    }
+
+    /// Every semantic problem, each naming its key.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errs = self.similarity.validate();
+        let i = &self.ingest;
+        if i.max_record_bytes < 64 {
+            errs.push(format!("ingest.max-record-bytes = {} is too small (at least 64)", i.max_record_bytes));
+        }
+        if i.max_body_bytes < i.max_record_bytes {
+            errs.push("ingest.max-body-bytes must be at least ingest.max-record-bytes".into());
+        }
+        if i.chunk_tokens == 0 {
+            errs.push("ingest.chunk-tokens must be positive".into());
+        }
+        if i.epoch_interval.is_zero() {
+            errs.push("ingest.epoch-interval must be positive (e.g. \"100ms\")".into());
+        }
+        if i.epoch_max_records == 0 {
+            errs.push("ingest.epoch-max-records must be positive".into());
+        }
+        if i.max_id_bytes == 0 {
+            errs.push("ingest.max-id-bytes must be positive".into());
+        }
+        if !(8..=65536).contains(&self.embedder.dim) {
+            errs.push(format!("embedder.dim = {} must be in 8..=65536", self.embedder.dim));
+        }
+        if self.embedder.kind != EmbedderKind::Hash {
+            errs.push(format!(
+                "embedder.kind = {:?}: only \"hash\" is available in this build (local and openai embedders are tracked by the LLM and embedding connectors issue)",
+                self.embedder.kind
+            ));
+        }
+        if self.llm.backend != LlmBackend::Extractive {
+            errs.push("llm.backend = \"openai\": only \"extractive\" is available in this build (the OpenAI-compatible client is tracked by the LLM connector issue)".into());
+        }
+        if self.llm.max_in_flight == 0 {
+            errs.push("llm.max-in-flight must be positive".into());
+        }
+        if !self.kafka.topics.is_empty() || !self.kafka.brokers.is_empty() {
+            errs.push("kafka: the Kafka source is not available in this build yet (tracked by the Kafka connectors issue); leave kafka.brokers and kafka.topics empty".into());
+        }
+        if self.query.default_k == 0 {
+            errs.push("query.default-k must be positive".into());
+        }
+        if self.query.default_budget_words == 0 {
+            errs.push("query.default-budget-words must be positive".into());
+        }
+        errs
+    }
+
+    pub fn limits(&self) -> operators::Limits {
+        operators::Limits { max_record_bytes: self.ingest.max_record_bytes, max_id_bytes: self.ingest.max_id_bytes }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(file: Option<&str>, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("engram.toml");
+        if let Some(text) = file {
+            std::fs::write(&path, text).unwrap();
+        }
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::load(file.map(|_| path.as_path()), env, &Overrides::default())
+    }
+
+    #[test]
+    fn defaults_load_and_validate() {
+        let c = load(None, &[]).unwrap();
+        assert_eq!(c.listen.port(), 7600);
+        assert_eq!(c.similarity.k, 10);
+        assert_eq!(c.ingest.epoch_interval, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn layering_file_then_env_then_flags() {
+        let c = load(Some("[similarity]\ntheta = 0.5\nk = 7\n"), &[("ENGRAM__SIMILARITY__K", "3")]).unwrap();
+        assert_eq!(c.similarity.theta, 0.5);
+        assert_eq!(c.similarity.k, 3);
+        let c = load(None, &[("ENGRAM__INGEST__EPOCH_INTERVAL", "250ms"), ("ENGRAM__DATA_DIR", "/tmp/x")]).unwrap();
+        assert_eq!(c.ingest.epoch_interval, Duration::from_millis(250));
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        let o = Overrides { listen: Some("127.0.0.1:9999".parse().unwrap()), ..Overrides::default() };
+        let c = Config::load(None, vec![("ENGRAM__LISTEN".into(), "127.0.0.1:8888".into())], &o).unwrap();
+        assert_eq!(c.listen.port(), 9999);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = load(Some("[similarity]\nthetta = 0.5\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("thetta"), "{e}");
+        let e = load(None, &[("ENGRAM__SIMILARITY__BOGUS", "1")]).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_all_reported_with_their_keys() {
+        let e = load(Some("[similarity]\ntheta = 1.5\nk = 0\n[ingest]\nchunk-tokens = 0\n"), &[]).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.0.len(), 3, "{msg}");
+        for key in ["similarity.theta", "similarity.k", "ingest.chunk-tokens"] {
+            assert!(msg.contains(key), "{msg} lacks {key}");
+        }
+        let e = load(Some("[ingest]\nepoch-interval = \"soon\"\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("epoch-interval"), "{e}");
+        let e = load(Some("listen = 12\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("listen"), "{e}");
+        let e = load(Some("this is not toml ["), &[]).unwrap_err().to_string();
+        assert!(e.contains("TOML") || e.contains("expected"), "{e}");
+    }
+}

@@ -1,0 +1,383 @@
+//! The engine: shared state between the timely workers and the HTTP server, the dataflow, and the driver loop that
+//! turns queued records into epochs.
+//!
+//! Threads: `timely::execute` runs the workers; source threads (one per `--input`) parse records into the ingest
+//! queue; the HTTP server appends acknowledged records to the input log and the queue. Worker 0 owns the inputs: it
+//! closes an epoch every `ingest.epoch-interval` (or `epoch-max-records`), feeds the records' node deltas into the
+//! dataflow, and steps it. The other workers close their inputs at once, so the frontier follows worker 0 alone.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use connectors::input_log::LoggedRecord;
+use connectors::{DeadLetter, InputLog, Source, SourceBatch};
+use differential_dataflow::input::{Input, InputSession};
+use operators::dataflow::{embed_nodes, similarity_edges};
+use operators::ingest::Ingestor;
+use operators::model::ErrorRow;
+use operators::{parse_record, Embedder, HashEmbedder, Limits, Node, Record};
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::Operator;
+use timely::worker::Worker;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::views::{ViewUpdate, Views};
+
+/// Longest raw input kept in an error row (the dead-letter file keeps all of it).
+const ERROR_RAW_CHARS: usize = 2048;
+
+pub enum Item {
+    Record(Record),
+    Reject(ErrorRow),
+}
+
+pub struct Queue {
+    /// The epoch that queued records will be fed at.
+    pub open_epoch: u64,
+    pub items: Vec<Item>,
+    /// When the first item of the open epoch arrived.
+    pub opened: Option<Instant>,
+    /// Sources still reading.
+    pub live_sources: usize,
+}
+
+pub struct Shared {
+    pub config: Config,
+    pub limits: Limits,
+    pub embedder: Arc<dyn Embedder>,
+    pub queue: Mutex<Queue>,
+    pub views: RwLock<Views>,
+    pub as_of: watch::Sender<Option<u64>>,
+    pub metrics: Metrics,
+    pub shutdown: AtomicBool,
+    pub input_log: Mutex<InputLog>,
+    pub dead_letter: Mutex<DeadLetter>,
+    /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
+    closed: Mutex<VecDeque<(u64, Instant)>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("the ingest queue is full ({0} records waiting); retry later")]
+    Overloaded(usize),
+    #[error("could not append to the input log: {0}")]
+    Log(#[from] std::io::Error),
+}
+
+/// What an HTTP ingest returns.
+pub struct Receipt {
+    pub epoch: Option<u64>,
+    pub accepted: usize,
+    pub rejected: Vec<(usize, String)>,
+}
+
+pub fn make_embedder(config: &Config) -> Arc<dyn Embedder> {
+    // Validation admits only `hash` for now.
+    Arc::new(HashEmbedder::new(config.embedder.dim))
+}
+
+impl Shared {
+    /// Opens the data directory: the input log (replayed into the queue, at one epoch past every receipt it handed
+    /// out) and the dead-letter file.
+    pub fn open(config: Config) -> anyhow::Result<Arc<Shared>> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let log_path = config.data_dir.join("input.log");
+        let replay = InputLog::replay(&log_path)?;
+        if replay.torn_lines > 0 {
+            tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
+        }
+        let input_log = InputLog::open(&log_path)?;
+        let dead_letter = DeadLetter::open(&config.data_dir.join("dead-letter.jsonl"))?;
+        let limits = config.limits();
+        let metrics = Metrics::new();
+        let (as_of, _) = watch::channel(None);
+        let mut items = Vec::new();
+        let mut max_epoch = None;
+        for r in &replay.records {
+            max_epoch = max_epoch.max(Some(r.epoch));
+            match operators::record::from_value(r.record.clone(), Some(&r.space), &limits) {
+                Ok(rec) => items.push(Item::Record(rec)),
+                // Logged records were valid when logged; a config change (smaller limits) can reject them now.
+                Err(e) => items.push(Item::Reject(ErrorRow {
+                    source: "replay".into(),
+                    reason: e.to_string(),
+                    raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
+                })),
+            }
+        }
+        if !items.is_empty() {
+            metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
+            tracing::info!(records = items.len(), "replaying the input log");
+        }
+        let open_epoch = max_epoch.unwrap_or(0);
+        let opened = (!items.is_empty()).then(Instant::now);
+        Ok(Arc::new(Shared {
+            embedder: make_embedder(&config),
+            limits,
+            queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0 }),
+            views: RwLock::new(Views::default()),
+            as_of,
+            metrics,
+            shutdown: AtomicBool::new(false),
+            input_log: Mutex::new(input_log),
+            dead_letter: Mutex::new(dead_letter),
+            closed: Mutex::new(VecDeque::new()),
+            config,
+        }))
+    }
+
+    /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.
+    pub fn reject(&self, kind: &str, source: &str, reason: &str, raw: &[u8]) -> ErrorRow {
+        if let Err(e) = self.dead_letter.lock().expect("dead letter lock").write(source, reason, raw) {
+            tracing::error!(error = %e, source, reason, "could not write the dead-letter file");
+        }
+        self.metrics.records_rejected.with_label_values(&[kind]).inc();
+        ErrorRow {
+            source: source.to_string(),
+            reason: reason.to_string(),
+            raw: String::from_utf8_lossy(raw).chars().take(ERROR_RAW_CHARS).collect(),
+        }
+    }
+
+    fn queue_cap(&self) -> usize {
+        self.config.ingest.epoch_max_records * 10
+    }
+
+    /// HTTP ingest: validates every record, appends the valid ones to the input log (fsync'd) and queues them.
+    /// The receipt names the epoch that will hold them; it is returned only after the log append.
+    pub fn ingest_http(&self, space: &str, raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>>) -> Result<Receipt, IngestError> {
+        let mut accepted = Vec::new();
+        let mut rejects = Vec::new();
+        let mut rejected = Vec::new();
+        for (i, raw) in raws.into_iter().enumerate() {
+            let source = format!("http:{space}:{i}");
+            match raw {
+                Ok(value) => match operators::record::from_value(value.clone(), Some(space), &self.limits) {
+                    Ok(rec) => accepted.push((rec, value)),
+                    Err(e) => {
+                        let reason = e.to_string();
+                        rejects.push(self.reject("http", &source, &reason, value.to_string().as_bytes()));
+                        rejected.push((i, reason));
+                    }
+                },
+                Err((bytes, reason)) => {
+                    rejects.push(self.reject("http", &source, &reason, &bytes));
+                    rejected.push((i, reason));
+                }
+            }
+        }
+        let mut q = self.queue.lock().expect("queue lock");
+        if q.items.len() + accepted.len() > self.queue_cap() && !accepted.is_empty() {
+            return Err(IngestError::Overloaded(q.items.len()));
+        }
+        let epoch = q.open_epoch;
+        if !accepted.is_empty() {
+            let logged: Vec<LoggedRecord> = accepted
+                .iter()
+                .map(|(_, v)| {
+                    let mut v = v.clone();
+                    if let Some(obj) = v.as_object_mut() {
+                        obj.remove("space");
+                    }
+                    LoggedRecord { epoch, space: space.to_string(), record: v }
+                })
+                .collect();
+            let t = Instant::now();
+            self.input_log.lock().expect("log lock").append(&logged)?;
+            self.metrics.input_log_fsync.observe(t.elapsed().as_secs_f64());
+        }
+        let n = accepted.len();
+        self.metrics.records_in.with_label_values(&["http"]).inc_by(n as u64);
+        if n > 0 || !rejects.is_empty() {
+            q.opened.get_or_insert_with(Instant::now);
+        }
+        q.items.extend(accepted.into_iter().map(|(r, _)| Item::Record(r)));
+        q.items.extend(rejects.into_iter().map(Item::Reject));
+        Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected })
+    }
+
+    /// Takes the open epoch's items if it is due: old enough, full enough, or shutting down.
+    fn take_due(&self, force: bool) -> Option<(u64, Vec<Item>)> {
+        let mut q = self.queue.lock().expect("queue lock");
+        let due = match q.opened {
+            None => false,
+            Some(t) => {
+                force || t.elapsed() >= self.config.ingest.epoch_interval || q.items.len() >= self.config.ingest.epoch_max_records
+            }
+        };
+        if !due || q.items.is_empty() {
+            return None;
+        }
+        let epoch = q.open_epoch;
+        q.open_epoch += 1;
+        q.opened = None;
+        Some((epoch, std::mem::take(&mut q.items)))
+    }
+
+    fn queue_is_idle(&self) -> bool {
+        let q = self.queue.lock().expect("queue lock");
+        q.items.is_empty()
+    }
+
+    /// Called by the view sink when the views reflect every epoch up to `as_of`.
+    fn advanced(&self, as_of: u64) {
+        let mut closed = self.closed.lock().expect("closed lock");
+        while closed.front().is_some_and(|(e, _)| *e <= as_of) {
+            closed.pop_front();
+        }
+        self.metrics.frontier_lag_epochs.set(closed.len() as i64);
+        self.metrics.frontier_lag_seconds.set(closed.front().map_or(0.0, |(_, t)| t.elapsed().as_secs_f64()));
+    }
+
+    fn closed_epoch(&self, epoch: u64) {
+        let mut closed = self.closed.lock().expect("closed lock");
+        closed.push_back((epoch, Instant::now()));
+        self.metrics.frontier_lag_epochs.set(closed.len() as i64);
+        self.metrics.frontier_lag_seconds.set(closed.front().map_or(0.0, |(_, t)| t.elapsed().as_secs_f64()));
+    }
+}
+
+/// Reads a source on a thread of its own, parsing into the queue; backs off while the queue is full.
+pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'static str) -> std::thread::JoinHandle<()> {
+    shared.queue.lock().expect("queue lock").live_sources += 1;
+    std::thread::Builder::new()
+        .name(format!("engram-source-{kind}"))
+        .spawn(move || {
+            let name = source.name();
+            let batch = shared.config.ingest.epoch_max_records.max(1);
+            while !shared.shutdown.load(Ordering::Relaxed) {
+                if shared.queue.lock().expect("queue lock").items.len() >= shared.queue_cap() {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                match source.poll(batch) {
+                    Ok(SourceBatch::Records(records)) => {
+                        let n = records.len();
+                        let items: Vec<Item> = records
+                            .into_iter()
+                            .map(|r| match parse_record(&r.payload, r.space.as_deref(), &shared.limits) {
+                                Ok(rec) => Item::Record(rec),
+                                Err(e) => Item::Reject(shared.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload)),
+                            })
+                            .collect();
+                        shared.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
+                        let mut q = shared.queue.lock().expect("queue lock");
+                        q.opened.get_or_insert_with(Instant::now);
+                        q.items.extend(items);
+                    }
+                    Ok(SourceBatch::Idle) => std::thread::sleep(source.idle_wait()),
+                    Ok(SourceBatch::Done) => break,
+                    Err(e) => {
+                        tracing::error!(source = %name, error = %e, "source failed; it stops, the engine goes on");
+                        break;
+                    }
+                }
+            }
+            shared.queue.lock().expect("queue lock").live_sources -= 1;
+            tracing::info!(source = %name, "source finished");
+        })
+        .expect("spawn source thread")
+}
+
+type NodeInput = InputSession<u64, (String, Node), isize>;
+type ErrorInput = InputSession<u64, ErrorRow, isize>;
+
+/// Builds the dataflow on one worker: nodes → embeddings → similarity edges, and everything → views (on worker 0).
+pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> (NodeInput, ErrorInput) {
+    let index = worker.index();
+    let params = shared.config.similarity.clone();
+    worker.dataflow::<u64, _, _>(|scope| {
+        let (node_input, nodes) = scope.new_collection::<(String, Node), isize>();
+        let (error_input, errors) = scope.new_collection::<ErrorRow, isize>();
+        let embedded = embed_nodes(nodes, shared.embedder.clone());
+        let edges = similarity_edges(embedded.clone(), params);
+        let updates = embedded
+            .map(|(s, n, e)| ViewUpdate::Node(s, n, e))
+            .concat(edges.map(ViewUpdate::Edge))
+            .concat(errors.map(ViewUpdate::Error));
+        let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
+        let mut last_as_of: Option<u64> = None;
+        updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {
+            input.for_each(|_cap, data| {
+                for (u, t, d) in data.drain(..) {
+                    pending.entry(t).or_default().push((u, d));
+                }
+            });
+            if index != 0 {
+                return;
+            }
+            let lower = frontier.frontier().iter().min().copied();
+            let as_of = match lower {
+                Some(f) => f.checked_sub(1),
+                None => pending.keys().next_back().copied().max(last_as_of),
+            };
+            let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
+            if ready.is_empty() && as_of == last_as_of {
+                return;
+            }
+            {
+                let mut views = shared.views.write().expect("views lock");
+                for t in ready {
+                    views.apply(pending.remove(&t).expect("ready time"));
+                }
+                views.as_of = as_of.max(views.as_of);
+                shared.metrics.nodes.set(views.node_count() as i64);
+                shared.metrics.edges.set(views.edge_count() as i64);
+                shared.metrics.spaces.set(views.spaces.len() as i64);
+            }
+            last_as_of = as_of.max(last_as_of);
+            if let Some(a) = last_as_of {
+                shared.advanced(a);
+                shared.as_of.send_replace(Some(a));
+            }
+        });
+        (node_input, error_input)
+    })
+}
+
+/// The body of every worker: worker 0 drives epochs until shutdown; the others follow.
+pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
+    let (mut nodes, mut errors) = build_dataflow(worker, shared.clone());
+    if worker.index() != 0 {
+        drop(nodes);
+        drop(errors);
+        while worker.step_or_park(None) {}
+        return;
+    }
+    let mut ingestor = Ingestor::new(shared.config.ingest.chunk_tokens);
+    loop {
+        let stopping = shared.shutdown.load(Ordering::Relaxed);
+        if let Some((epoch, items)) = shared.take_due(stopping) {
+            nodes.advance_to(epoch);
+            errors.advance_to(epoch);
+            let n = items.len();
+            for item in items {
+                match item {
+                    Item::Record(r) => {
+                        for (space, node, d) in ingestor.apply(r) {
+                            nodes.update((space, node), d);
+                        }
+                    }
+                    Item::Reject(row) => errors.update(row, 1),
+                }
+            }
+            nodes.advance_to(epoch + 1);
+            errors.advance_to(epoch + 1);
+            nodes.flush();
+            errors.flush();
+            shared.closed_epoch(epoch);
+            shared.metrics.epochs.inc();
+            shared.metrics.epoch_records.observe(n as f64);
+        } else if stopping && shared.queue_is_idle() {
+            break;
+        }
+        worker.step_or_park(Some(Duration::from_millis(2)));
+    }
+    drop(nodes);
+    drop(errors);
+    while worker.step() {}
+}

@@ -1,0 +1,262 @@
+//! The HTTP API (DESIGN §Interface contract) and the admin server (/metrics, /healthz).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::engine::{IngestError, Shared};
+use crate::query::{self, Mode, QueryRequest, QueryResponse};
+
+/// Every error the API returns: a status and `{"error":{"code","message"}}`.
+#[derive(Debug)]
+pub struct AppError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl AppError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        AppError { status, code, message: message.into() }
+    }
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+    }
+}
+
+impl From<IngestError> for AppError {
+    fn from(e: IngestError) -> Self {
+        match e {
+            IngestError::Overloaded(_) => AppError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string()),
+            IngestError::Log(_) => AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "input_log", e.to_string()),
+        }
+    }
+}
+
+pub fn api(shared: Arc<Shared>) -> Router {
+    let limit = shared.config.ingest.max_body_bytes;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/spaces", get(spaces))
+        .route("/v1/errors", get(errors))
+        .route("/v1/spaces/{space}/records", post(ingest))
+        .route("/v1/spaces/{space}/query", post(query_space))
+        .route("/v1/spaces/{space}/nodes/{id}", get(node))
+        .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(shared)
+}
+
+pub fn admin(shared: Arc<Shared>) -> Router {
+    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(shared)
+}
+
+async fn healthz(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "as_of": *s.as_of.borrow()}))
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+}
+
+async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let views = s.views.read().expect("views lock");
+    let list: Vec<_> = views
+        .spaces
+        .iter()
+        .map(|(name, v)| {
+            json!({
+                "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": [v.nodes.len()],
+                "events": 0, "relations": 0, "topics": 0, "as_of": views.as_of,
+            })
+        })
+        .collect();
+    Json(json!({"spaces": list, "as_of": views.as_of}))
+}
+
+async fn errors(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let views = s.views.read().expect("views lock");
+    Json(json!({"total": views.errors_total, "recent": views.recent_errors}))
+}
+
+fn check_space(space: &str) -> Result<(), AppError> {
+    let ok = !space.is_empty()
+        && space.len() <= 128
+        && space.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(AppError::bad_request(format!("invalid space name `{space}`: use ASCII letters, digits, '-', '_', '.'")))
+    }
+}
+
+/// `POST /v1/spaces/{space}/records`: a JSON array of records, or NDJSON (one record per line).
+async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: Bytes) -> Result<Response, AppError> {
+    check_space(&space)?;
+    let trimmed = body.trim_ascii_start();
+    let raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>> = if trimmed.first() == Some(&b'[') {
+        let values: Vec<serde_json::Value> = serde_json::from_slice(trimmed)
+            .map_err(|e| AppError::bad_request(format!("body starts with '[' but is not a JSON array: {e}")))?;
+        values.into_iter().map(Ok).collect()
+    } else {
+        let max = s.limits.max_record_bytes;
+        trimmed
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+            .map(|line| {
+                if line.len() > max {
+                    return Err((line.to_vec(), operators::Reject::TooLarge { size: line.len(), limit: max }.to_string()));
+                }
+                let text = std::str::from_utf8(line).map_err(|e| {
+                    (line.to_vec(), operators::Reject::InvalidUtf8 { offset: e.valid_up_to() }.to_string())
+                })?;
+                serde_json::from_str(text).map_err(|e| (line.to_vec(), operators::Reject::Json(e.to_string()).to_string()))
+            })
+            .collect()
+    };
+    if raws.is_empty() {
+        return Err(AppError::bad_request("no records in the body"));
+    }
+    let shared = s.clone();
+    let receipt = tokio::task::spawn_blocking(move || shared.ingest_http(&space, raws))
+        .await
+        .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
+    let rejected: Vec<_> = receipt.rejected.iter().map(|(i, r)| json!({"index": i, "reason": r})).collect();
+    Ok(Json(json!({
+        "receipt": receipt.epoch.map(|e| e.to_string()),
+        "accepted": receipt.accepted,
+        "rejected": rejected,
+    }))
+    .into_response())
+}
+
+#[derive(Deserialize)]
+struct AfterParam {
+    after: Option<String>,
+}
+
+/// Waits until the views include `receipt` (an epoch number), up to `query.max-wait`.
+async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
+    let Some(after) = after else { return Ok(()) };
+    let epoch: u64 = after.trim().parse().map_err(|_| {
+        AppError::bad_request(format!("after={after:?} is not a receipt (receipts are epoch numbers, as ingest returns them)"))
+    })?;
+    let mut rx = s.as_of.subscribe();
+    let wait = s.config.query.max_wait;
+    let reached = tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
+    match reached {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the engine is stopping")),
+        Err(_) => Err(AppError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!("the views did not reach receipt {epoch} within {wait:?} (as of {:?})", *s.as_of.borrow()),
+        )),
+    }
+}
+
+async fn query_space(
+    State(s): State<Arc<Shared>>,
+    Path(space): Path<String>,
+    Query(params): Query<AfterParam>,
+    body: Bytes,
+) -> Result<Json<QueryResponse>, AppError> {
+    check_space(&space)?;
+    let req: QueryRequest =
+        serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid query body: {e}")))?;
+    if req.query.trim().is_empty() {
+        return Err(AppError::bad_request("`query` must not be empty"));
+    }
+    let k = req.k.unwrap_or(s.config.query.default_k);
+    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
+    if !(1..=1000).contains(&k) {
+        return Err(AppError::bad_request(format!("`k` = {k} must be in 1..=1000")));
+    }
+    if !(1..=100_000).contains(&budget) {
+        return Err(AppError::bad_request(format!("`budget_words` = {budget} must be in 1..=100000")));
+    }
+    if req.mode != Mode::Flat {
+        return Err(AppError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported_mode",
+            format!("mode `{}` is not available yet in this build; use `flat`", req.mode.as_str()),
+        ));
+    }
+    wait_for(&s, params.after.as_deref()).await?;
+    let started = Instant::now();
+    let shared = s.clone();
+    let response = tokio::task::spawn_blocking(move || {
+        let views = shared.views.read().expect("views lock");
+        let view = views
+            .spaces
+            .get(&space)
+            .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+        let (evidence, trace) = query::flat(view, shared.embedder.as_ref(), &req.query, k, budget);
+        Ok::<_, AppError>(QueryResponse { evidence, answer: None, as_of: views.as_of, trace })
+    })
+    .await
+    .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
+    s.metrics.query_duration.with_label_values(&[Mode::Flat.as_str()]).observe(started.elapsed().as_secs_f64());
+    Ok(Json(response))
+}
+
+async fn node(
+    State(s): State<Arc<Shared>>,
+    Path((space, id)): Path<(String, String)>,
+    Query(params): Query<AfterParam>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    wait_for(&s, params.after.as_deref()).await?;
+    let views = s.views.read().expect("views lock");
+    let view = views
+        .spaces
+        .get(&space)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let (n, _) = view
+        .nodes
+        .get(&id)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_node", format!("no node `{id}` in `{space}`")))?;
+    let mut neighbours: Vec<_> = view
+        .adjacency
+        .get(&id)
+        .map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect())
+        .unwrap_or_default();
+    neighbours.sort_by(|a: &(String, u32), b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    Ok(Json(json!({
+        "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),
+        "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": *w as f64 / 1e6})).collect::<Vec<_>>(),
+        "children": [], "parents": [], "as_of": views.as_of,
+    })))
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

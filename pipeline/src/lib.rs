@@ -1,0 +1,10 @@
+//! engram's pipeline: configuration, the engine (timely wiring and epochs), views, the HTTP API, metrics, and the
+//! bench command. The `engram` binary is a thin CLI over this library.
+
+pub mod bench;
+pub mod config;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod query;
+pub mod views;
