@@ -1,0 +1,108 @@
+//! Runs the real `engram` binary on free loopback ports, for tests that talk to it over sockets.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Engine {
+    pub child: Child,
+    pub api: String,
+    pub admin: String,
+    pub data_dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn engram() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_engram"));
+    c.env("ENGRAM_LOG", "warn");
+    c
+}
+
+impl Engine {
+    /// Starts `engram run` with `args` and waits until it answers /healthz.
+    pub fn start(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Engine {
+        let (api_port, admin_port) = (free_port(), free_port());
+        let mut cmd = engram();
+        cmd.arg("run")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{api_port}"))
+            .arg("--admin")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn engram");
+        let engine = Engine {
+            child,
+            api: format!("http://127.0.0.1:{api_port}"),
+            admin: format!("http://127.0.0.1:{admin_port}"),
+            data_dir: data_dir.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", api_port)).is_ok() {
+                return engine;
+            }
+            assert!(Instant::now() < deadline, "engram did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let ok = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(ok.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "engram did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+pub async fn post(url: &str, body: impl Into<String>) -> (u16, serde_json::Value) {
+    let r = client().post(url).body(body.into()).send().await.expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")))
+}
+
+pub async fn get(url: &str) -> (u16, serde_json::Value) {
+    let r = client().get(url).send().await.expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")))
+}
+
+pub fn chunk(doc: &str, seq: usize, text: &str) -> String {
+    serde_json::json!({"kind": "chunk", "doc": doc, "seq": seq, "text": text}).to_string()
+}

@@ -1,0 +1,241 @@
+//! The HTTP API over real sockets, against the real binary: ingest → query, read-your-writes, bad bodies, config
+//! errors, durability across kill -9, dead-lettering of file input, clean shutdown.
+
+mod common;
+
+use std::io::Write;
+
+use common::{chunk, engram, get, post, Engine};
+use serde_json::json;
+
+const STORM: &str = "A storm flooded the harbour district overnight and the harbour master closed the quay.";
+const CUP: &str = "The football club won the cup semi-final with a late goal from the striker.";
+const WALL: &str = "The council approved the sea wall budget after the cost rose to twenty six million pounds.";
+
+#[tokio::test]
+async fn ingest_query_round_trip_with_read_your_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let body = [chunk("storm", 0, STORM), chunk("cup", 0, CUP), chunk("wall", 0, WALL)].join("\n");
+    let (status, receipt) = post(&format!("{}/v1/spaces/port/records", engine.api), body).await;
+    assert_eq!(status, 200, "{receipt}");
+    assert_eq!(receipt["accepted"], 3);
+    assert_eq!(receipt["rejected"], json!([]));
+    let r = receipt["receipt"].as_str().expect("a receipt").to_string();
+
+    // Asked right after the acknowledgement, with ?after, the answer includes the records.
+    let q = json!({"query": "who won the football cup semi-final?", "mode": "flat", "k": 2});
+    let (status, resp) = post(&format!("{}/v1/spaces/port/query?after={r}", engine.api), q.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["evidence"][0]["id"], "cup#0", "{resp}");
+    assert_eq!(resp["evidence"][0]["text"], CUP);
+    assert_eq!(resp["evidence"][0]["layer"], 0);
+    assert_eq!(resp["evidence"][0]["source"]["doc"], "cup");
+    assert!(resp["as_of"].as_u64().unwrap() >= r.parse::<u64>().unwrap());
+    assert!(resp["answer"].is_null());
+    assert_eq!(resp["evidence"].as_array().unwrap().len(), 2);
+
+    // A JSON array body, a replacement of cup#0, and a budget of 5 words.
+    let replaced = "The football club lost the cup final on penalties.";
+    let body = json!([{"kind": "chunk", "doc": "cup", "seq": 0, "text": replaced}]).to_string();
+    let (_, receipt) = post(&format!("{}/v1/spaces/port/records", engine.api), body).await;
+    let r = receipt["receipt"].as_str().unwrap();
+    let q = json!({"query": "football cup", "budget_words": 5});
+    let (_, resp) = post(&format!("{}/v1/spaces/port/query?after={r}", engine.api), q.to_string()).await;
+    assert_eq!(resp["evidence"][0]["id"], "cup#0");
+    assert_eq!(resp["evidence"][0]["text"], "The football club lost the", "budget cuts the text: {resp}");
+    assert_eq!(resp["evidence"].as_array().unwrap().len(), 1);
+
+    // Views: the spaces listing, and a node with its neighbours.
+    let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+    assert_eq!(spaces["spaces"][0]["space"], "port");
+    assert_eq!(spaces["spaces"][0]["nodes"], 3);
+    assert_eq!(spaces["spaces"][0]["layers"], json!([3]));
+    let (status, node) = get(&format!("{}/v1/spaces/port/nodes/cup%230", engine.api)).await;
+    assert_eq!(status, 200, "{node}");
+    assert_eq!(node["text"], replaced);
+    assert!(node["neighbours"].is_array());
+
+    // A delete retracts the document.
+    let body = json!({"kind": "delete", "doc": "cup"}).to_string();
+    let (_, receipt) = post(&format!("{}/v1/spaces/port/records", engine.api), body).await;
+    let r = receipt["receipt"].as_str().unwrap();
+    let (status, _) = get(&format!("{}/v1/spaces/port/nodes/cup%230?after={r}", engine.api)).await;
+    assert_eq!(status, 404);
+
+    // Metrics on the admin port.
+    let text = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    for name in ["engram_records_in_total", "engram_epochs_total", "engram_nodes", "engram_edges",
+                 "engram_frontier_lag_epochs", "engram_query_duration_seconds_bucket"] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+}
+
+#[tokio::test]
+async fn bad_bodies_get_clear_errors_and_dead_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let url = format!("{}/v1/spaces/port/records", engine.api);
+
+    let (status, e) = post(&url, "[{\"kind\":\"chunk\",").await;
+    assert_eq!(status, 400);
+    assert_eq!(e["error"]["code"], "bad_request");
+    assert!(e["error"]["message"].as_str().unwrap().contains("JSON array"));
+
+    let (status, e) = post(&url, "").await;
+    assert_eq!(status, 400, "{e}");
+
+    let body = [
+        chunk("ok", 0, STORM),
+        "{\"kind\":\"chunk\",\"doc\":\"x\",\"seq\":\"one\",\"text\":\"t\"}".to_string(),
+        "{\"kind\":\"chunk\",\"doc\":\"x\",\"seq\":1,\"text\":\"t\",\"space\":\"other\"}".to_string(),
+        "{\"kind\":\"turn\"".to_string(),
+    ]
+    .join("\n");
+    let (status, r) = post(&url, body).await;
+    assert_eq!(status, 200);
+    assert_eq!(r["accepted"], 1);
+    let reasons: Vec<(u64, String)> = r["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["index"].as_u64().unwrap(), x["reason"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(reasons.len(), 3, "{r}");
+    assert_eq!(reasons[0].0, 1);
+    assert!(reasons[0].1.contains("`seq` must be an integer"));
+    assert!(reasons[1].1.contains("space `other`"));
+    assert!(reasons[2].1.contains("not valid JSON"));
+
+    let dead = std::fs::read_to_string(dir.path().join("dead-letter.jsonl")).unwrap();
+    let dead: Vec<serde_json::Value> = dead.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(dead.len(), 3);
+    assert!(dead.iter().all(|d| !d["reason"].as_str().unwrap().is_empty() && d["raw"].is_string()));
+    let r = r["receipt"].as_str().unwrap();
+    // The error rows travel through the dataflow; wait for the epoch through a query first.
+    let q = json!({"query": "storm"}).to_string();
+    let (_, _) = post(&format!("{}/v1/spaces/port/query?after={r}", engine.api), q).await;
+    let (_, errors2) = get(&format!("{}/v1/errors", engine.api)).await;
+    assert_eq!(errors2["total"], 3, "{errors2}");
+
+    let qurl = format!("{}/v1/spaces/port/query", engine.api);
+    for (body, status, code) in [
+        ("{", 400, "bad_request"),
+        ("{\"query\":\"\"}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"mode\":\"magic\"}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"k\":0}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"colour\":1}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"mode\":\"compass\"}", 501, "unsupported_mode"),
+    ] {
+        let (s, e) = post(&qurl, body).await;
+        assert_eq!((s, e["error"]["code"].as_str().unwrap()), (status, code), "{body} → {e}");
+    }
+    let (s, e) = post(&format!("{}/v1/spaces/nowhere/query", engine.api), "{\"query\":\"x\"}").await;
+    assert_eq!((s, e["error"]["code"].as_str().unwrap()), (404, "unknown_space"));
+    let (s, e) = post(&format!("{qurl}?after=soon"), "{\"query\":\"x\"}").await;
+    assert_eq!((s, e["error"]["code"].as_str().unwrap()), (400, "bad_request"));
+    let (s, e) = post(&format!("{}/v1/spaces/bad%20space/records", engine.api), chunk("a", 0, "b")).await;
+    assert_eq!((s, e["error"]["code"].as_str().unwrap()), (400, "bad_request"));
+    let (s, _) = get(&format!("{}/v1/nope", engine.api)).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn acknowledged_records_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(dir.path(), &[], &[]);
+    let url = format!("{}/v1/spaces/durable/records", engine.api);
+    let mut last = 0u64;
+    for batch in 0..10 {
+        let body: Vec<String> =
+            (0..20).map(|i| chunk(&format!("doc{batch}"), i, &format!("record {batch} {i} about harbour storms"))).collect();
+        let (status, r) = post(&url, body.join("\n")).await;
+        assert_eq!(status, 200);
+        last = r["receipt"].as_str().unwrap().parse().unwrap();
+    }
+    // No waiting: the acknowledgement alone must be enough.
+    engine.kill9();
+
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let q = json!({"query": "harbour storms", "k": 1}).to_string();
+    let (status, resp) = post(&format!("{}/v1/spaces/durable/query?after={last}", engine.api), q).await;
+    assert_eq!(status, 200, "{resp}");
+    let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+    assert_eq!(spaces["spaces"][0]["nodes"], 200, "{spaces}");
+    // Receipts stay monotone across the restart.
+    let (_, r) = post(&format!("{}/v1/spaces/durable/records", engine.api), chunk("late", 0, "late record")).await;
+    assert!(r["receipt"].as_str().unwrap().parse::<u64>().unwrap() > last);
+}
+
+#[tokio::test]
+async fn file_input_dead_letters_garbage_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let mut f = std::fs::File::create(&input).unwrap();
+    let good = |doc: &str, text: &str| format!("{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"{doc}\",\"seq\":0,\"text\":\"{text}\"}}\n");
+    f.write_all(good("a", STORM).as_bytes()).unwrap();
+    f.write_all(b"{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"b\",\"seq\":0,\"text\":\"trunc\n").unwrap();
+    f.write_all(b"{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"\xff\xfe\",\"seq\":0,\"text\":\"x\"}\n").unwrap();
+    f.write_all(format!("{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"c\",\"seq\":0,\"text\":\"{}\"}}\n", "word ".repeat(400)).as_bytes()).unwrap();
+    f.write_all(b"{\"space\":\"f\",\"kind\":\"turn\",\"conversation\":7}\n").unwrap();
+    f.write_all(good("d", WALL).as_bytes()).unwrap();
+    drop(f);
+    let mut engine = Engine::start(
+        dir.path(),
+        &["--input", input.to_str().unwrap()],
+        &[("ENGRAM__INGEST__MAX_RECORD_BYTES", "1000")],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (_, errors) = get(&format!("{}/v1/errors", engine.api)).await;
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if errors["total"] == 4 && spaces["spaces"][0]["nodes"] == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{errors} {spaces}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let dead = std::fs::read_to_string(dir.path().join("dead-letter.jsonl")).unwrap();
+    let reasons: Vec<String> = dead
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(reasons.len(), 4);
+    assert!(reasons[0].contains("not valid JSON"));
+    assert!(reasons[1].contains("UTF-8"));
+    assert!(reasons[2].contains("over the limit of 1000"));
+    assert!(reasons[3].contains("`conversation` must be a string"));
+    assert!(dead.lines().next().unwrap().contains(":2\""), "the source position names the line: {dead}");
+    // SIGTERM: finish, flush, exit 0.
+    assert_eq!(engine.terminate(), Some(0));
+}
+
+#[test]
+fn config_errors_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[similarity]\ntheta = 2.0\nthetta = 1\n").unwrap();
+    let out = engram().args(["run", "--config", cfg.to_str().unwrap(), "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("thetta"), "{err}");
+
+    std::fs::write(&cfg, "[similarity]\ntheta = 2.0\nk = 0\n").unwrap();
+    let out = engram().args(["run", "--config", cfg.to_str().unwrap(), "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("similarity.theta") && err.contains("similarity.k"), "both errors at once: {err}");
+
+    let out = engram()
+        .args(["run", "--data-dir"])
+        .arg(dir.path())
+        .env("ENGRAM__INGEST__EPOCH_INTERVAL", "whenever")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("epoch-interval"));
+
+    let out = engram().args(["run", "--config", "/nonexistent/engram.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/engram.toml"));
+}
