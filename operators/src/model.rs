@@ -38,6 +38,37 @@ impl Node {
     }
 }
 
+/// Dot product in eight independent lanes (the compiler vectorises it), summed in a fixed order: deterministic,
+/// and the same wherever it runs.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Cosine distance for L2-normalised vectors (`1 − dot`), for the HNSW index: hnsw_rs's `DistCosine` recomputes
+/// both norms on every call and `DistDot` asserts `dot ≤ 1`, which rounding can break.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UnitCosine;
+
+impl hnsw_rs::prelude::Distance<f32> for UnitCosine {
+    fn eval(&self, a: &[f32], b: &[f32]) -> f32 {
+        (1.0 - dot(a, b)).max(0.0)
+    }
+}
+
 /// An L2-normalised embedding (or all zeros for a text with no features). Ordered bitwise so that it can travel in a
 /// differential collection; the order means nothing beyond determinism.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -45,7 +76,7 @@ pub struct Embedding(pub Vec<f32>);
 
 impl Embedding {
     pub fn dot(&self, other: &Embedding) -> f32 {
-        self.0.iter().zip(&other.0).map(|(a, b)| a * b).sum()
+        dot(&self.0, &other.0)
     }
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|x| *x == 0.0)

@@ -18,10 +18,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use hnsw_rs::prelude::{DistCosine, Hnsw};
+use hnsw_rs::prelude::Hnsw;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Edge, Embedding, Node, POSITION_SCALE};
+use crate::model::{Edge, Embedding, Node, UnitCosine, POSITION_SCALE};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -99,9 +99,17 @@ impl SimilarityParams {
         self.alpha * cos + (1.0 - self.alpha) * pos
     }
 
-    /// Smallest cosine that can reach θ across documents.
-    fn min_cross_cos(&self) -> Option<f32> {
-        (self.alpha > 0.0).then(|| self.theta / self.alpha - 1e-4)
+    /// The positional window (in position units, either side) inside which every node of the same document is a
+    /// candidate, and the smallest cosine that can reach θ outside it (`None` when only the window can).
+    /// Outside the window the positional term is below `(1−α)·g(W)`, so a range query at
+    /// `(θ − (1−α)·g(W)) / α` finds every other candidate, same document or not: exact, without a scan of long
+    /// documents or conversations.
+    fn window(&self) -> (i64, Option<f32>) {
+        let w = (3.0 * self.sigma).ceil().max(1.0);
+        let g = (-(w * w) / (2.0 * self.sigma * self.sigma)).exp();
+        let window = (w as i64).saturating_mul(POSITION_SCALE);
+        let min_cos = (self.alpha > 0.0).then(|| (self.theta - (1.0 - self.alpha) * g) / self.alpha - 1e-4);
+        (window, min_cos)
     }
 }
 
@@ -131,12 +139,13 @@ struct Entry {
 /// The similarity graph of one space: its HNSW index, each node's top-k list and the reverse lists.
 pub struct SimilarityIndex {
     params: SimilarityParams,
-    hnsw: Hnsw<'static, f32, DistCosine>,
+    hnsw: Hnsw<'static, f32, UnitCosine>,
     /// HNSW data id → node id; `None` once deleted.
     slots: Vec<Option<Arc<str>>>,
     tombstones: usize,
     entries: HashMap<Arc<str>, Entry>,
-    by_doc: HashMap<String, BTreeSet<Arc<str>>>,
+    /// doc → (position, id) of its nodes: the positional window is a range scan.
+    by_doc: HashMap<String, BTreeSet<(i64, Arc<str>)>>,
     topk: HashMap<Arc<str>, Vec<Scored>>,
     /// x → the nodes whose top-k lists hold x.
     holders: HashMap<Arc<str>, HashSet<Arc<str>>>,
@@ -160,8 +169,8 @@ impl SimilarityIndex {
         }
     }
 
-    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, DistCosine> {
-        Hnsw::new(params.max_connections, hint.max(1024), 16, params.ef_construction, DistCosine {})
+    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, UnitCosine> {
+        Hnsw::new(params.max_connections, hint.max(1024), 16, params.ef_construction, UnitCosine)
     }
 
     pub fn len(&self) -> usize {
@@ -281,7 +290,7 @@ impl SimilarityIndex {
             self.tombstones += 1;
         }
         if let Some(set) = self.by_doc.get_mut(&entry.node.doc) {
-            set.remove(&id);
+            set.remove(&(entry.node.pos, id.clone()));
             if set.is_empty() {
                 self.by_doc.remove(&entry.node.doc);
             }
@@ -296,7 +305,7 @@ impl SimilarityIndex {
             self.slots.push(Some(id.clone()));
             slot
         });
-        self.by_doc.entry(node.doc.clone()).or_default().insert(id.clone());
+        self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
         self.entries.insert(id.clone(), Entry { node, emb, slot });
 
         let cands = self.candidates(&id);
@@ -365,18 +374,19 @@ impl SimilarityIndex {
                 out.push(Scored { score, id: other.clone() });
             }
         };
+        let (window, min_cos) = self.params.window();
         if let Some(same_doc) = self.by_doc.get(&me.node.doc) {
-            for other in same_doc {
+            let lo = (me.node.pos.saturating_sub(window), Arc::<str>::from(""));
+            let hi = me.node.pos.saturating_add(window);
+            for (_, other) in same_doc.range(lo..).take_while(|(p, _)| *p <= hi) {
                 consider(other, &mut out);
             }
         }
-        if let (Some(min_cos), false) = (self.params.min_cross_cos(), me.emb.is_zero()) {
+        if let (Some(min_cos), false) = (min_cos, me.emb.is_zero()) {
             let live = self.entries.len();
             if live <= self.params.exhaustive_below {
                 for other in self.entries.keys() {
-                    if self.entries[other].node.doc != me.node.doc {
-                        consider(other, &mut out);
-                    }
+                    consider(other, &mut out);
                 }
             } else {
                 for other in self.range_search(&me.emb, min_cos) {
