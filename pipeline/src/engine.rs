@@ -83,15 +83,21 @@ pub fn make_embedder(config: &Config) -> Arc<dyn Embedder> {
 impl Shared {
     /// Opens the data directory: the input log (replayed into the queue, at one epoch past every receipt it handed
     /// out) and the dead-letter file.
-    pub fn open(config: Config) -> anyhow::Result<Arc<Shared>> {
-        std::fs::create_dir_all(&config.data_dir)?;
-        let log_path = config.data_dir.join("input.log");
+    pub fn open(config: Config, owns_inputs: bool) -> anyhow::Result<Arc<Shared>> {
+        let dir = if owns_inputs {
+            config.data_dir.clone()
+        } else {
+            // A follower process of a cluster never ingests; its files stay apart from process 0's.
+            config.data_dir.join("follower")
+        };
+        std::fs::create_dir_all(&dir)?;
+        let log_path = dir.join("input.log");
         let replay = InputLog::replay(&log_path)?;
         if replay.torn_lines > 0 {
             tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
         }
         let input_log = InputLog::open(&log_path)?;
-        let dead_letter = DeadLetter::open(&config.data_dir.join("dead-letter.jsonl"))?;
+        let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
         let metrics = Metrics::new();
         let (as_of, _) = watch::channel(None);

@@ -156,7 +156,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let timely_config = args.timely.config()?;
     let serving = args.timely.process == 0;
-    let shared = Shared::open(config)?;
+    // Only process 0 owns the inputs: the input log and the dead-letter file are its alone.
+    let shared = Shared::open(config, serving)?;
 
     // Bind before starting anything, so a taken port fails fast and clearly.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -212,7 +213,24 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let _ = b.await;
         });
     } else {
-        rt.block_on(http::shutdown_signal());
+        // A follower process: it runs its workers until process 0 closes the dataflow, or until signalled.
+        let finished = rt.block_on(async {
+            let join = tokio::task::spawn_blocking(move || guards.join());
+            tokio::select! {
+                r = join => Some(r),
+                _ = http::shutdown_signal() => None,
+            }
+        });
+        return match finished {
+            Some(Ok(results)) => {
+                for r in results {
+                    r.map_err(|e| anyhow::anyhow!("worker failed: {e}"))?;
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(Err(e)) => Err(anyhow::anyhow!("worker thread: {e}")),
+            None => Ok(ExitCode::SUCCESS),
+        };
     }
     shared.shutdown.store(true, Ordering::Relaxed);
     for s in sources {

@@ -1,0 +1,75 @@
+//! Whole system: the bundled examples ingested by two timely processes (two workers each) on loopback give the same
+//! memory as one process with one worker.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+
+use common::{engram, get, Engine};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn example(name: &str) -> String {
+    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every node's neighbour list, read over HTTP.
+async fn memory(engine: &Engine) -> BTreeMap<String, serde_json::Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        let nodes: u64 = spaces["spaces"].as_array().unwrap().iter().map(|s| s["nodes"].as_u64().unwrap()).sum();
+        if nodes == 113 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "examples not ingested: {spaces}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut out = BTreeMap::new();
+    for file in ["news.jsonl", "standup.jsonl"] {
+        for line in std::fs::read_to_string(example(file)).unwrap().lines() {
+            let r: serde_json::Value = serde_json::from_str(line).unwrap();
+            let id = match r["kind"].as_str().unwrap() {
+                "chunk" => format!("{}#{}", r["doc"].as_str().unwrap(), r["seq"]),
+                _ => format!("{}#{}", r["conversation"].as_str().unwrap(), r["turn"].as_str().unwrap()),
+            };
+            let url = format!("{}/v1/spaces/{}/nodes/{}", engine.api, r["space"].as_str().unwrap(), id.replace('#', "%23"));
+            let (status, node) = get(&url).await;
+            assert_eq!(status, 200, "{node}");
+            out.insert(id, node["neighbours"].clone());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn two_processes_equal_one() {
+    let inputs = ["--input", &example("news.jsonl"), "--input", &example("standup.jsonl")];
+    let dir = tempfile::tempdir().unwrap();
+    let single = Engine::start(&dir.path().join("single"), &inputs, &[]);
+    let want = memory(&single).await;
+    drop(single);
+    assert!(want.values().map(|n| n.as_array().unwrap().len()).sum::<usize>() > 100, "the examples make a graph");
+
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let mut follower = engram()
+        .args(["run", "-n", "2", "-p", "1", "-w", "2", "-h", hosts, "--data-dir"])
+        .arg(dir.path().join("p1"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut args = vec!["-n", "2", "-p", "0", "-w", "2", "-h", hosts];
+    args.extend(inputs);
+    let mut leader = Engine::start(&dir.path().join("p0"), &args, &[]);
+    let got = memory(&leader).await;
+    assert_eq!(got, want);
+    assert_eq!(leader.terminate(), Some(0));
+    // The follower ends with the dataflow.
+    let status = follower.wait().unwrap();
+    assert!(status.success());
+}
