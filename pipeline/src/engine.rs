@@ -224,6 +224,13 @@ impl Shared {
         Some((epoch, std::mem::take(&mut q.items)))
     }
 
+    /// Once every source has finished and its records are in the views, the epoch they reached; `None` while
+    /// sources are still reading (a followed file never finishes).
+    pub fn inputs_settled(&self) -> Option<Option<u64>> {
+        let q = self.queue.lock().expect("queue lock");
+        (q.live_sources == 0 && q.items.is_empty()).then(|| q.open_epoch.checked_sub(1))
+    }
+
     fn queue_is_idle(&self) -> bool {
         let q = self.queue.lock().expect("queue lock");
         q.items.is_empty()

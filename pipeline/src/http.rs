@@ -178,6 +178,16 @@ async fn query_space(
     check_space(&space)?;
     let req: QueryRequest =
         serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid query body: {e}")))?;
+    validate_query(&s, &req)?;
+    wait_for(&s, params.after.as_deref()).await?;
+    let shared = s.clone();
+    let response = tokio::task::spawn_blocking(move || execute_query(&shared, &space, &req))
+        .await
+        .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
+    Ok(Json(response))
+}
+
+fn validate_query(s: &Shared, req: &QueryRequest) -> Result<(), AppError> {
     if req.query.trim().is_empty() {
         return Err(AppError::bad_request("`query` must not be empty"));
     }
@@ -196,22 +206,23 @@ async fn query_space(
             format!("mode `{}` is not available yet in this build; use `flat`", req.mode.as_str()),
         ));
     }
-    wait_for(&s, params.after.as_deref()).await?;
+    Ok(())
+}
+
+/// Answers a query from the current views (blocking: call it off the async runtime).
+pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryResponse, AppError> {
+    validate_query(s, req)?;
+    let k = req.k.unwrap_or(s.config.query.default_k);
+    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     let started = Instant::now();
-    let shared = s.clone();
-    let response = tokio::task::spawn_blocking(move || {
-        let views = shared.views.read().expect("views lock");
-        let view = views
-            .spaces
-            .get(&space)
-            .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
-        let (evidence, trace) = query::flat(view, shared.embedder.as_ref(), &req.query, k, budget);
-        Ok::<_, AppError>(QueryResponse { evidence, answer: None, as_of: views.as_of, trace })
-    })
-    .await
-    .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
-    s.metrics.query_duration.with_label_values(&[Mode::Flat.as_str()]).observe(started.elapsed().as_secs_f64());
-    Ok(Json(response))
+    let views = s.views.read().expect("views lock");
+    let view = views
+        .spaces
+        .get(space)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let (evidence, trace) = query::flat(view, s.embedder.as_ref(), &req.query, k, budget);
+    s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
+    Ok(QueryResponse { evidence, answer: None, as_of: views.as_of, trace })
 }
 
 async fn node(

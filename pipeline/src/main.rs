@@ -94,6 +94,12 @@ struct RunArgs {
     /// Admin address (/metrics, /healthz).
     #[arg(long)]
     admin: Option<SocketAddr>,
+    /// Once the --input files are ingested, answer `SPACE:QUESTION` (flat mode) and print the response (repeatable).
+    #[arg(long = "ask", value_name = "SPACE:QUESTION")]
+    asks: Vec<String>,
+    /// Exit after the --ask answers are printed, instead of serving.
+    #[arg(long)]
+    once: bool,
     /// Data directory (input log, dead-letter file).
     #[arg(long = "data-dir")]
     data_dir: Option<PathBuf>,
@@ -155,6 +161,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let timely_config = args.timely.config()?;
+    for ask in &args.asks {
+        anyhow::ensure!(ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()), "--ask {ask:?}: expected SPACE:QUESTION");
+    }
+    anyhow::ensure!(!args.once || !args.follow, "--once and --follow contradict each other: a followed file never ends");
     let serving = args.timely.process == 0;
     // Only process 0 owns the inputs: the input log and the dead-letter file are its alone.
     let shared = Shared::open(config, serving)?;
@@ -196,6 +206,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
         let api_app = http::api(shared.clone());
         let admin_app = http::admin(shared.clone());
+        let (shared_for_asks, asks, once) = (shared.clone(), args.asks.clone(), args.once);
         rt.block_on(async move {
             let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
             let mut rx1 = tx.subscribe();
@@ -206,7 +217,11 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let b = tokio::spawn(async move {
                 axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
             });
-            http::shutdown_signal().await;
+            let asks = answer_asks(shared_for_asks, asks, once);
+            tokio::select! {
+                _ = http::shutdown_signal() => {}
+                done = asks => if !done { std::future::pending::<()>().await },
+            }
             tracing::info!("stopping: finishing the open epoch");
             let _ = tx.send(());
             let _ = a.await;
@@ -241,6 +256,41 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     tracing::info!(as_of = ?*shared.as_of.borrow(), "stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits until the --input files are in the views, prints each --ask answer, and returns whether to stop (--once).
+async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, once: bool) -> bool {
+    if asks.is_empty() && !once {
+        return false;
+    }
+    let epoch = loop {
+        if let Some(e) = shared.inputs_settled() {
+            break e;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    if let Some(e) = epoch {
+        let mut rx = shared.as_of.subscribe();
+        let _ = rx.wait_for(|a| a.is_some_and(|a| a >= e)).await;
+    }
+    for ask in asks {
+        let (space, question) = ask.split_once(':').expect("checked at start");
+        let req = engram::query::QueryRequest {
+            query: question.trim().to_string(),
+            mode: engram::query::Mode::Flat,
+            budget_words: None,
+            k: Some(3),
+        };
+        let s = shared.clone();
+        let space = space.to_string();
+        let out = tokio::task::spawn_blocking(move || http::execute_query(&s, &space, &req)).await;
+        match out {
+            Ok(Ok(resp)) => println!("{}", serde_json::to_string_pretty(&resp).unwrap_or_default()),
+            Ok(Err(e)) => eprintln!("--ask {ask:?}: {} ({})", e.message, e.code),
+            Err(e) => eprintln!("--ask {ask:?}: {e}"),
+        }
+    }
+    once
 }
 
 fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
