@@ -253,21 +253,34 @@ async fn node(
     })))
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM handlers, registered as soon as this is made (so that a signal during start-up is not lost to
+/// the default action, which would skip the clean shutdown).
+pub struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Must be called inside a tokio runtime.
+    pub fn register() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// Resolves when SIGINT or SIGTERM arrives.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! { _ = self.term.recv() => {}, _ = self.int.recv() => {} }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

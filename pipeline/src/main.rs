@@ -161,6 +161,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let timely_config = args.timely.config()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut signals = rt.block_on(async { http::Signals::register() })?;
     for ask in &args.asks {
         anyhow::ensure!(ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()), "--ask {ask:?}: expected SPACE:QUESTION");
     }
@@ -170,7 +172,6 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let shared = Shared::open(config, serving)?;
 
     // Bind before starting anything, so a taken port fails fast and clearly.
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listeners = if serving {
         let (api, admin) = rt.block_on(async {
             let api = tokio::net::TcpListener::bind(shared.config.listen).await;
@@ -217,10 +218,15 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let b = tokio::spawn(async move {
                 axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
             });
-            let asks = answer_asks(shared_for_asks, asks, once);
+            // Stops on a signal, or once the --ask answers are out with --once.
+            let after_asks = async move {
+                if !answer_asks(shared_for_asks, asks, once).await {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
-                _ = http::shutdown_signal() => {}
-                done = asks => if !done { std::future::pending::<()>().await },
+                _ = signals.recv() => {}
+                _ = after_asks => {}
             }
             tracing::info!("stopping: finishing the open epoch");
             let _ = tx.send(());
@@ -233,7 +239,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             let join = tokio::task::spawn_blocking(move || guards.join());
             tokio::select! {
                 r = join => Some(r),
-                _ = http::shutdown_signal() => None,
+                _ = signals.recv() => None,
             }
         });
         return match finished {
