@@ -1,7 +1,12 @@
-//! The durable input log: records acknowledged over HTTP are appended and fsync'd here before the acknowledgement,
-//! and replayed at start, so an acknowledged record survives a crash. One JSON line per record:
-//! `{"epoch":E,"space":S,"record":{…}}`. A torn last line (a crash mid-write) is ignored on replay; nothing after
-//! it was acknowledged.
+//! Durable append-only JSON-lines logs, fsync'd per append and replayed at start:
+//!
+//! * the input log: records acknowledged over HTTP are appended before the acknowledgement, so an acknowledged
+//!   record survives a crash — `{"epoch":E,"space":S,"record":{…}}`;
+//! * the response log: every LLM response, keyed by (model, space, content hash), so a restart or replay repeats no
+//!   call — `{"model":M,"space":S,"key":H,"response":"…"}`.
+//!
+//! A torn last line (a crash mid-append) is skipped on replay and closed off on reopen; nothing after it was
+//! acknowledged.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -16,19 +21,38 @@ pub struct LoggedRecord {
     pub record: serde_json::Value,
 }
 
-pub struct InputLog {
-    path: PathBuf,
-    file: File,
+/// A logged LLM response.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LoggedResponse {
+    pub model: String,
+    pub space: String,
+    pub key: String,
+    pub response: String,
 }
 
-#[derive(Debug, Default)]
-pub struct Replay {
-    pub records: Vec<LoggedRecord>,
+pub struct JsonLog<T> {
+    path: PathBuf,
+    file: File,
+    _rows: std::marker::PhantomData<fn(T)>,
+}
+
+pub type InputLog = JsonLog<LoggedRecord>;
+pub type ResponseLog = JsonLog<LoggedResponse>;
+
+#[derive(Debug)]
+pub struct Replay<T> {
+    pub records: Vec<T>,
     /// Lines that could not be read back (a torn tail), counted and reported.
     pub torn_lines: usize,
 }
 
-impl InputLog {
+impl<T> Default for Replay<T> {
+    fn default() -> Self {
+        Replay { records: Vec::new(), torn_lines: 0 }
+    }
+}
+
+impl<T: Serialize + serde::de::DeserializeOwned> JsonLog<T> {
     pub fn open(path: &Path) -> std::io::Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -46,7 +70,7 @@ impl InputLog {
                 file.sync_data()?;
             }
         }
-        Ok(InputLog { path: path.to_path_buf(), file })
+        Ok(JsonLog { path: path.to_path_buf(), file, _rows: std::marker::PhantomData })
     }
 
     pub fn path(&self) -> &Path {
@@ -54,7 +78,7 @@ impl InputLog {
     }
 
     /// Appends records and fsyncs once for the whole batch (group commit).
-    pub fn append(&mut self, records: &[LoggedRecord]) -> std::io::Result<()> {
+    pub fn append(&mut self, records: &[T]) -> std::io::Result<()> {
         if records.is_empty() {
             return Ok(());
         }
@@ -68,7 +92,7 @@ impl InputLog {
     }
 
     /// Reads back everything appended so far.
-    pub fn replay(path: &Path) -> std::io::Result<Replay> {
+    pub fn replay(path: &Path) -> std::io::Result<Replay<T>> {
         let f = match File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Replay::default()),
@@ -80,7 +104,7 @@ impl InputLog {
             if line.is_empty() {
                 continue;
             }
-            match serde_json::from_slice::<LoggedRecord>(&line) {
+            match serde_json::from_slice::<T>(&line) {
                 Ok(r) => out.records.push(r),
                 Err(_) => out.torn_lines += 1,
             }

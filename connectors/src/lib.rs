@@ -7,5 +7,5 @@ pub mod source;
 
 pub use dead_letter::DeadLetter;
 pub use file_source::{FileSource, StdinSource};
-pub use input_log::InputLog;
+pub use input_log::{InputLog, LoggedResponse, ResponseLog};
 pub use source::{Position, Source, SourceBatch, SourceRecord};

@@ -16,8 +16,13 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// Hash of a space name: routes every collection keyed by space to the worker that owns it.
 pub fn space_hash(space: &str) -> u64 {
+    space_hash_bytes(space.as_bytes())
+}
+
+/// FNV-1a finalised with splitmix64, so that every bit (the low one included) is well mixed.
+pub fn space_hash_bytes(bytes: &[u8]) -> u64 {
     // Finalise (splitmix64) so that similar names spread evenly over a small number of workers.
-    let mut z = fnv1a(space.as_bytes());
+    let mut z = fnv1a(bytes);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

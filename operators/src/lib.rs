@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod model;
 pub mod record;
 pub mod similarity;
+pub mod summary;
 
 pub use embed::{Embedder, HashEmbedder};
 pub use model::{Edge, Embedding, Node, NodeKind};

@@ -64,8 +64,13 @@ fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Vec<Change>> {
                     }
                     let (u, v) = if id < other { (id, other) } else { (other, id) };
                     let key = (s.clone(), u.clone(), v.clone());
-                    if let Some(w) = live_edges.remove(&key) {
-                        batch.push(Change::Edge(s, u, v, w, -1));
+                    if live_edges.contains_key(&key) {
+                        // Mostly keep existing edges, so that communities grow dense (triangles make ego networks
+                        // connected, which is what lets replicas merge).
+                        if rng.gen_bool(0.25) {
+                            let w = live_edges.remove(&key).unwrap();
+                            batch.push(Change::Edge(s, u, v, w, -1));
+                        }
                     } else {
                         let w = rng.gen_range(1..5) * 100;
                         live_edges.insert(key, w);

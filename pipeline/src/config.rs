@@ -22,6 +22,7 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub embedder: EmbedderConfig,
     pub similarity: SimilarityParams,
+    pub hierarchy: HierarchyConfig,
     pub llm: LlmConfig,
     pub kafka: KafkaConfig,
     pub query: QueryConfig,
@@ -55,6 +56,29 @@ pub struct EmbedderConfig {
     pub model_dir: String,
     pub base_url: String,
     pub model: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct HierarchyConfig {
+    pub max_layers: usize,
+    pub max_cluster_size: usize,
+    pub lpa_rounds: usize,
+    /// A cluster is summarised once its membership has been unchanged this long.
+    #[serde(with = "humantime_serde")]
+    pub summary_debounce: Duration,
+    /// Word budget of an extractive summary.
+    pub summary_words: usize,
+}
+
+impl HierarchyConfig {
+    pub fn params(&self) -> operators::hierarchy::HierarchyParams {
+        operators::hierarchy::HierarchyParams {
+            max_layers: self.max_layers,
+            max_cluster_size: self.max_cluster_size,
+            lpa_rounds: self.lpa_rounds,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +173,10 @@ impl Config {
     /// Every semantic problem, each naming its key.
     pub fn validate(&self) -> Vec<String> {
         let mut errs = self.similarity.validate();
+        errs.extend(self.hierarchy.params().validate());
+        if self.hierarchy.summary_words == 0 {
+            errs.push("hierarchy.summary-words must be positive".into());
+        }
         let i = &self.ingest;
         if i.max_record_bytes < 64 {
             errs.push(format!("ingest.max-record-bytes = {} is too small (at least 64)", i.max_record_bytes));

@@ -6,13 +6,15 @@
 //! closes an epoch every `ingest.epoch-interval` (or `epoch-max-records`), feeds the records' node deltas into the
 //! dataflow, and steps it. The other workers close their inputs at once, so the frontier follows worker 0 alone.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use connectors::input_log::LoggedRecord;
-use connectors::{DeadLetter, InputLog, Source, SourceBatch};
+use connectors::{DeadLetter, InputLog, LoggedResponse, ResponseLog, Source, SourceBatch};
+use operators::hierarchy::dataflow::{hierarchy, summaries};
+use operators::summary::{Extractive, Llm};
 use differential_dataflow::input::{Input, InputSession};
 use operators::dataflow::{embed_nodes, similarity_edges};
 use operators::ingest::Ingestor;
@@ -33,6 +35,8 @@ const ERROR_RAW_CHARS: usize = 2048;
 pub enum Item {
     Record(Record),
     Reject(ErrorRow),
+    /// A logged summary: `(space, content hash, text)`.
+    Summary(String, String, String),
 }
 
 pub struct Queue {
@@ -55,7 +59,9 @@ pub struct Shared {
     pub metrics: Metrics,
     pub shutdown: AtomicBool,
     pub input_log: Mutex<InputLog>,
+    pub response_log: Mutex<ResponseLog>,
     pub dead_letter: Mutex<DeadLetter>,
+    pub llm: Arc<dyn Llm>,
     /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
     closed: Mutex<VecDeque<(u64, Instant)>>,
 }
@@ -97,6 +103,11 @@ impl Shared {
             tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
         }
         let input_log = InputLog::open(&log_path)?;
+        let llm: Arc<dyn Llm> = Arc::new(Extractive { max_words: config.hierarchy.summary_words });
+        // Logged responses of the configured model are inputs like records: no call is made for them again.
+        let responses_path = dir.join("responses.log");
+        let responses = ResponseLog::replay(&responses_path)?;
+        let response_log = ResponseLog::open(&responses_path)?;
         let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
         let metrics = Metrics::new();
@@ -119,6 +130,8 @@ impl Shared {
             metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
             tracing::info!(records = items.len(), "replaying the input log");
         }
+        let logged = responses.records.into_iter().filter(|r| r.model == llm.model());
+        items.extend(logged.map(|r| Item::Summary(r.space, r.key, r.response)));
         let open_epoch = max_epoch.unwrap_or(0);
         let opened = (!items.is_empty()).then(Instant::now);
         Ok(Arc::new(Shared {
@@ -130,7 +143,9 @@ impl Shared {
             metrics,
             shutdown: AtomicBool::new(false),
             input_log: Mutex::new(input_log),
+            response_log: Mutex::new(response_log),
             dead_letter: Mutex::new(dead_letter),
+            llm,
             closed: Mutex::new(VecDeque::new()),
             config,
         }))
@@ -298,20 +313,57 @@ pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'st
 
 type NodeInput = InputSession<u64, (String, Node), isize>;
 type ErrorInput = InputSession<u64, ErrorRow, isize>;
+type SummaryInput = InputSession<u64, ((String, String), String), isize>;
 
-/// Builds the dataflow on one worker: nodes → embeddings → similarity edges, and everything → views (on worker 0).
-pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> (NodeInput, ErrorInput) {
+pub struct Inputs {
+    pub nodes: NodeInput,
+    pub errors: ErrorInput,
+    pub summaries: SummaryInput,
+}
+
+impl Inputs {
+    fn advance_to(&mut self, t: u64) {
+        self.nodes.advance_to(t);
+        self.errors.advance_to(t);
+        self.summaries.advance_to(t);
+    }
+    fn flush(&mut self) {
+        self.nodes.flush();
+        self.errors.flush();
+        self.summaries.flush();
+    }
+}
+
+/// Builds the dataflow on one worker: nodes → embeddings → similarity edges → hierarchy → summaries, and everything
+/// → views (on worker 0).
+pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
     let index = worker.index();
     let params = shared.config.similarity.clone();
+    let hparams = shared.config.hierarchy.params();
     worker.dataflow::<u64, _, _>(|scope| {
         let (node_input, nodes) = scope.new_collection::<(String, Node), isize>();
         let (error_input, errors) = scope.new_collection::<ErrorRow, isize>();
-        let embedded = embed_nodes(nodes, shared.embedder.clone());
+        let (summary_input, logged) = scope.new_collection::<((String, String), String), isize>();
+        let embedded = embed_nodes(nodes.clone(), shared.embedder.clone());
         let edges = similarity_edges(embedded.clone(), params);
+        let h = hierarchy(
+            nodes.clone().map(|(s, n)| (s, n.id)),
+            edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
+            &hparams,
+        );
+        let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
+        let embedder = shared.embedder.clone();
         let updates = embedded
             .map(|(s, n, e)| ViewUpdate::Node(s, n, e))
             .concat(edges.map(ViewUpdate::Edge))
-            .concat(errors.map(ViewUpdate::Error));
+            .concat(errors.map(ViewUpdate::Error))
+            .concat(h.clusters.map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m)))
+            .concat(h.edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
+            .concat(sm.texts.map(move |((s, c), (l, t))| {
+                let e = embedder.embed(&t);
+                ViewUpdate::Summary(s, l, c, t, e)
+            }))
+            .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
         updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {
@@ -341,6 +393,8 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> (NodeInput, E
                 shared.metrics.nodes.set(views.node_count() as i64);
                 shared.metrics.edges.set(views.edge_count() as i64);
                 shared.metrics.spaces.set(views.spaces.len() as i64);
+                shared.metrics.clusters.set(views.cluster_count() as i64);
+                shared.metrics.summary_backlog.set(views.request_count() as i64);
             }
             last_as_of = as_of.max(last_as_of);
             if let Some(a) = last_as_of {
@@ -348,16 +402,15 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> (NodeInput, E
                 shared.as_of.send_replace(Some(a));
             }
         });
-        (node_input, error_input)
+        Inputs { nodes: node_input, errors: error_input, summaries: summary_input }
     })
 }
 
 /// The body of every worker: worker 0 drives epochs until shutdown; the others follow.
 pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
-    let (mut nodes, mut errors) = build_dataflow(worker, shared.clone());
+    let mut inputs = build_dataflow(worker, shared.clone());
     if worker.index() != 0 {
-        drop(nodes);
-        drop(errors);
+        drop(inputs);
         while worker.step_or_park(None) {}
         return;
     }
@@ -365,23 +418,21 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     loop {
         let stopping = shared.shutdown.load(Ordering::Relaxed);
         if let Some((epoch, items)) = shared.take_due(stopping) {
-            nodes.advance_to(epoch);
-            errors.advance_to(epoch);
+            inputs.advance_to(epoch);
             let n = items.len();
             for item in items {
                 match item {
                     Item::Record(r) => {
                         for (space, node, d) in ingestor.apply(r) {
-                            nodes.update((space, node), d);
+                            inputs.nodes.update((space, node), d);
                         }
                     }
-                    Item::Reject(row) => errors.update(row, 1),
+                    Item::Reject(row) => inputs.errors.update(row, 1),
+                    Item::Summary(space, hash, text) => inputs.summaries.update(((space, hash), text), 1),
                 }
             }
-            nodes.advance_to(epoch + 1);
-            errors.advance_to(epoch + 1);
-            nodes.flush();
-            errors.flush();
+            inputs.advance_to(epoch + 1);
+            inputs.flush();
             shared.closed_epoch(epoch);
             shared.metrics.epochs.inc();
             shared.metrics.epoch_records.observe(n as f64);
@@ -390,7 +441,75 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
         }
         worker.step_or_park(Some(Duration::from_millis(2)));
     }
-    drop(nodes);
-    drop(errors);
+    drop(inputs);
     while worker.step() {}
+}
+
+/// The summariser: takes the clusters the views list as waiting for a summary, once each has waited
+/// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
+/// LLM, appends the response to the response log (fsync'd) and queues it as an input for the next epoch.
+pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("engram-summarizer".into())
+        .spawn(move || {
+            let debounce = shared.config.hierarchy.summary_debounce;
+            let mut first_seen: HashMap<(String, String), Instant> = HashMap::new();
+            let mut submitted: HashSet<(String, String)> = HashSet::new();
+            while !shared.shutdown.load(Ordering::Relaxed) {
+                let waiting: Vec<((String, String), Vec<(String, String)>)> = {
+                    let views = shared.views.read().expect("views lock");
+                    views
+                        .spaces
+                        .iter()
+                        .flat_map(|(s, v)| v.requests.iter().map(move |(h, (_, _, ms))| ((s.clone(), h.clone()), ms.clone())))
+                        .collect()
+                };
+                let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
+                first_seen.retain(|k, _| live.contains(k));
+                submitted.retain(|k| live.contains(k));
+                let now = Instant::now();
+                let mut done = Vec::new();
+                for (key, members) in &waiting {
+                    let seen = *first_seen.entry(key.clone()).or_insert(now);
+                    if now.duration_since(seen) < debounce || submitted.contains(key) {
+                        continue;
+                    }
+                    let texts: Vec<&str> = members.iter().map(|(_, t)| t.as_str()).collect();
+                    let t = Instant::now();
+                    match shared.llm.summarize(&texts) {
+                        Ok(summary) => {
+                            shared.metrics.llm_requests.with_label_values(&["summary", "ok"]).inc();
+                            shared.metrics.llm_duration.with_label_values(&["summary"]).observe(t.elapsed().as_secs_f64());
+                            done.push(LoggedResponse {
+                                model: shared.llm.model().to_string(),
+                                space: key.0.clone(),
+                                key: key.1.clone(),
+                                response: summary,
+                            });
+                            submitted.insert(key.clone());
+                        }
+                        Err(e) => {
+                            shared.metrics.llm_requests.with_label_values(&["summary", "error"]).inc();
+                            tracing::warn!(error = %e, "summary failed; retried after the debounce");
+                            first_seen.insert(key.clone(), Instant::now());
+                        }
+                    }
+                }
+                if !done.is_empty() {
+                    if let Err(e) = shared.response_log.lock().expect("response log lock").append(&done) {
+                        // Not logged means not used: the same requests come round again.
+                        tracing::error!(error = %e, "could not append to the response log");
+                        for r in &done {
+                            submitted.remove(&(r.space.clone(), r.key.clone()));
+                        }
+                    } else {
+                        let mut q = shared.queue.lock().expect("queue lock");
+                        q.opened.get_or_insert_with(Instant::now);
+                        q.items.extend(done.into_iter().map(|r| Item::Summary(r.space, r.key, r.response)));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .expect("spawn summarizer")
 }

@@ -80,7 +80,8 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
         .iter()
         .map(|(name, v)| {
             json!({
-                "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": [v.nodes.len()],
+                "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
+                "clusters": v.clusters.len(), "summaries_pending": v.requests.len(),
                 "events": 0, "relations": 0, "topics": 0, "as_of": views.as_of,
             })
         })
@@ -236,20 +237,28 @@ async fn node(
         .spaces
         .get(&space)
         .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
-    let (n, _) = view
-        .nodes
-        .get(&id)
-        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_node", format!("no node `{id}` in `{space}`")))?;
-    let mut neighbours: Vec<_> = view
+    let mut neighbours: Vec<(String, u32)> = view
         .adjacency
         .get(&id)
         .map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect())
         .unwrap_or_default();
-    neighbours.sort_by(|a: &(String, u32), b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let parents: Vec<&String> = view.parents.get(&id).map(|p| p.iter().collect()).unwrap_or_default();
+    if let Some((n, _)) = view.nodes.get(&id) {
+        return Ok(Json(json!({
+            "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),
+            "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": *w as f64 / 1e6})).collect::<Vec<_>>(),
+            "children": [], "parents": parents, "as_of": views.as_of,
+        })));
+    }
+    let c = view
+        .clusters
+        .get(&id)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_node", format!("no node `{id}` in `{space}`")))?;
     Ok(Json(json!({
-        "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),
-        "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": *w as f64 / 1e6})).collect::<Vec<_>>(),
-        "children": [], "parents": [], "as_of": views.as_of,
+        "id": id, "layer": c.layer, "kind": "summary", "text": c.summary.as_ref().map(|s| &s.0),
+        "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": w})).collect::<Vec<_>>(),
+        "children": c.members, "parents": parents, "as_of": views.as_of,
     })))
 }
 

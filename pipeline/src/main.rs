@@ -198,6 +198,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
+    let summarizer = serving.then(|| engine::spawn_summarizer(shared.clone()));
     let worker_shared = shared.clone();
     let guards = timely::execute(timely_config, move |worker| engine::run_worker(worker, worker_shared.clone()))
         .map_err(|e| anyhow::anyhow!("starting timely: {e}"))?;
@@ -255,6 +256,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     shared.shutdown.store(true, Ordering::Relaxed);
     for s in sources {
+        let _ = s.join();
+    }
+    if let Some(s) = summarizer {
         let _ = s.join();
     }
     for r in guards.join() {

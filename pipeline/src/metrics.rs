@@ -15,6 +15,10 @@ pub struct Metrics {
     pub edges: IntGauge,
     pub spaces: IntGauge,
     pub query_duration: HistogramVec,
+    pub clusters: IntGauge,
+    pub summary_backlog: IntGauge,
+    pub llm_requests: IntCounterVec,
+    pub llm_duration: HistogramVec,
     pub input_log_fsync: Histogram,
 }
 
@@ -61,8 +65,29 @@ impl Metrics {
                 .buckets(prometheus::exponential_buckets(0.0001, 3.0, 10).expect("buckets")),
         )
         .expect("metric");
+        let clusters = IntGauge::new("engram_clusters", "Clusters (nodes of layers 1 and above), all spaces").expect("metric");
+        let summary_backlog = IntGauge::new(
+            "engram_summary_backlog",
+            "Clusters waiting for a summary (debouncing or in flight)",
+        )
+        .expect("metric");
+        let llm_requests = IntCounterVec::new(
+            Opts::new("engram_llm_requests_total", "LLM requests by stage and outcome (logged responses are not requests)"),
+            &["stage", "outcome"],
+        )
+        .expect("metric");
+        let llm_duration = HistogramVec::new(
+            HistogramOpts::new("engram_llm_request_duration_seconds", "LLM request latency by stage")
+                .buckets(prometheus::exponential_buckets(0.0001, 4.0, 10).expect("buckets")),
+            &["stage"],
+        )
+        .expect("metric");
         for m in [
-            Box::new(records_in.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(summary_backlog.clone()),
+            Box::new(llm_requests.clone()),
+            Box::new(llm_duration.clone()),
+            Box::new(records_in.clone()),
             Box::new(records_rejected.clone()),
             Box::new(epochs.clone()),
             Box::new(epoch_records.clone()),
@@ -89,6 +114,10 @@ impl Metrics {
             spaces,
             query_duration,
             input_log_fsync,
+            clusters,
+            summary_backlog,
+            llm_requests,
+            llm_duration,
         }
     }
 

@@ -1,7 +1,7 @@
 //! Materialised, read-optimised views of the dataflow's output, per space, which the HTTP server reads while the
 //! dataflow runs. Each reflects a whole number of epochs: `as_of` is the last epoch fully applied.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use operators::model::ErrorRow;
 use operators::{Edge, Embedding, Node};
@@ -13,13 +13,55 @@ pub enum ViewUpdate {
     Node(String, Node, Embedding),
     Edge(Edge),
     Error(ErrorRow),
+    /// `(space, layer, cluster, member)`.
+    Cluster(String, u32, String, String),
+    /// `(space, layer, u, v, weight)`: an edge of layer ≥ 1.
+    LayerEdge(String, u32, String, String, u64),
+    /// `(space, layer, cluster, summary, embedding)`.
+    Summary(String, u32, String, String, Embedding),
+    /// A cluster waiting for its summary: `(space, layer, cluster, content hash, members and texts)`.
+    Request(String, u32, String, String, Vec<(String, String)>),
+}
+
+/// A node of layer ≥ 1: a cluster of the layer below.
+#[derive(Default, Clone)]
+pub struct ClusterView {
+    pub layer: u32,
+    pub members: BTreeSet<String>,
+    pub summary: Option<(String, Embedding)>,
 }
 
 #[derive(Default)]
 pub struct SpaceView {
     pub nodes: HashMap<String, (Node, Embedding)>,
+    /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`).
     pub adjacency: HashMap<String, BTreeMap<String, u32>>,
+    /// Layer-0 edges.
     pub edges: usize,
+    pub clusters: HashMap<String, ClusterView>,
+    /// node or cluster → the clusters that hold it.
+    pub parents: HashMap<String, BTreeSet<String>>,
+    /// content hash → (layer, cluster, members and texts): the summariser's work list.
+    pub requests: BTreeMap<String, (u32, String, Vec<(String, String)>)>,
+}
+
+impl SpaceView {
+    /// Node counts per layer, layer 0 first; trailing empty layers omitted.
+    pub fn layer_counts(&self) -> Vec<usize> {
+        let mut counts = vec![self.nodes.len()];
+        for c in self.clusters.values() {
+            let l = c.layer as usize;
+            if counts.len() <= l {
+                counts.resize(l + 1, 0);
+            }
+            counts[l] += 1;
+        }
+        counts
+    }
+
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty()
+    }
 }
 
 /// How many recent rejects the views keep for `GET /v1/errors`.
@@ -72,6 +114,67 @@ impl Views {
                         }
                     }
                 }
+                ViewUpdate::Cluster(space, layer, c, m) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        let cv = view.clusters.entry(c.clone()).or_default();
+                        cv.layer = layer;
+                        cv.members.insert(m.clone());
+                        view.parents.entry(m).or_default().insert(c);
+                    } else {
+                        if let Some(cv) = view.clusters.get_mut(&c) {
+                            cv.members.remove(&m);
+                            if cv.members.is_empty() {
+                                view.clusters.remove(&c);
+                            }
+                        }
+                        if let Some(p) = view.parents.get_mut(&m) {
+                            p.remove(&c);
+                            if p.is_empty() {
+                                view.parents.remove(&m);
+                            }
+                        }
+                    }
+                }
+                ViewUpdate::LayerEdge(space, _layer, u, v, w) => {
+                    let view = self.spaces.entry(space).or_default();
+                    let w = w.min(u64::from(u32::MAX)) as u32;
+                    for (a, b) in [(&u, &v), (&v, &u)] {
+                        if d > 0 {
+                            view.adjacency.entry(a.clone()).or_default().insert(b.clone(), w);
+                        } else if let Some(m) = view.adjacency.get_mut(a) {
+                            if m.get(b) == Some(&w) {
+                                m.remove(b);
+                            }
+                            if m.is_empty() {
+                                view.adjacency.remove(a);
+                            }
+                        }
+                    }
+                }
+                ViewUpdate::Summary(space, layer, c, text, emb) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        let cv = view.clusters.entry(c).or_default();
+                        cv.layer = layer;
+                        cv.summary = Some((text, emb));
+                    } else if let Some(cv) = view.clusters.get_mut(&c) {
+                        if cv.summary.as_ref().is_some_and(|(t, _)| *t == text) {
+                            cv.summary = None;
+                        }
+                        if cv.members.is_empty() && cv.summary.is_none() {
+                            view.clusters.remove(&c);
+                        }
+                    }
+                }
+                ViewUpdate::Request(space, layer, c, hash, members) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        view.requests.insert(hash, (layer, c, members));
+                    } else {
+                        view.requests.remove(&hash);
+                    }
+                }
                 ViewUpdate::Error(row) => {
                     if d > 0 {
                         self.errors_total += 1;
@@ -83,11 +186,19 @@ impl Views {
                 }
             }
         }
-        self.spaces.retain(|_, v| !v.nodes.is_empty() || v.edges > 0);
+        self.spaces.retain(|_, v| !v.is_empty());
     }
 
     pub fn node_count(&self) -> usize {
         self.spaces.values().map(|v| v.nodes.len()).sum()
+    }
+
+    pub fn cluster_count(&self) -> usize {
+        self.spaces.values().map(|v| v.clusters.len()).sum()
+    }
+
+    pub fn request_count(&self) -> usize {
+        self.spaces.values().map(|v| v.requests.len()).sum()
     }
 
     pub fn edge_count(&self) -> usize {

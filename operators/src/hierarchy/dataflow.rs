@@ -8,7 +8,7 @@ use differential_dataflow::VecCollection;
 use timely::order::TotalOrder;
 use timely::progress::Timestamp;
 
-use super::{choose_label, cluster_id, ego_components, split_part, HierarchyParams, Replica};
+use super::{active, cluster_id, ego_components, next_label, split_part, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -19,6 +19,8 @@ pub struct Hierarchy<'s, T: Timestamp> {
     /// `(space, layer, cluster, member)`: the clusters of every layer ≥ 1 and their members (nodes of the layer
     /// below).
     pub clusters: VecCollection<'s, T, (String, u32, String, String)>,
+    /// The same, one collection per layer (index 0 is layer 1): `(space, cluster, member)`.
+    pub layers: Vec<VecCollection<'s, T, (String, String, String)>>,
     /// `(space, layer, u, v, weight)`: the graph of every layer ≥ 1.
     pub edges: VecCollection<'s, T, (String, u32, String, String, u64)>,
 }
@@ -29,6 +31,7 @@ where
 {
     let mut all_clusters = Vec::new();
     let mut all_edges = Vec::new();
+    let mut layers = Vec::new();
     let (mut nodes, mut edges) = (nodes, edges);
     for layer in 1..=params.max_layers as u32 {
         let clusters = cluster_layer(layer, nodes.clone(), edges.clone(), params);
@@ -43,11 +46,13 @@ where
             .map(move |(s, (c, m))| (s, layer, c, m));
         nodes = next_nodes.map(|(s, c)| (s, c)).semijoin(shrinks.clone()).map(|(s, c)| (s, c));
         edges = next_edges.map(|(s, u, v, w)| (s, (u, v, w))).semijoin(shrinks).map(|(s, (u, v, w))| (s, u, v, w));
+        layers.push(clusters.clone().map(|(s, _, c, m)| (s, c, m)));
         all_clusters.push(clusters);
         all_edges.push(edges.clone().map(move |(s, u, v, w)| (s, layer, u, v, w)));
     }
     let scope = nodes.scope();
     Hierarchy {
+        layers,
         clusters: differential_dataflow::collection::concatenate(scope.clone(), all_clusters),
         edges: differential_dataflow::collection::concatenate(scope, all_edges),
     }
@@ -100,28 +105,19 @@ where
         .antijoin(with_edges)
         .map(|((s, v), ())| (s, (v, String::new())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
-    // Each replica's self-vote weight: its strongest edge (0 when isolated).
-    let self_w = replicas
-        .clone()
-        .map(|r| (r, 0u64))
-        .concat(radj.clone().map(|(x, (_, w))| (x, w)))
-        .reduce(|_x, vals: &[(&u64, isize)], out: &mut Vec<(u64, isize)>| {
-            out.push((*vals.iter().map(|(w, _)| *w).max().expect("non-empty"), 1));
-        });
     let radj = radj.arrange_by_key();
-    let self_w = self_w.arrange_by_key();
     let mut labels = replicas.map(|(s, r)| ((s, r.clone()), r));
-    for _ in 0..params.lpa_rounds {
+    for round in 0..params.lpa_rounds {
         let lab = labels.arrange_by_key();
+        // Neighbours' votes, and each replica's own label (flagged) so that the reduce knows it.
         let votes = radj
             .clone()
-            .join_core(lab.clone(), |(s, _x), (y, w), l| {
-                Some(((s.clone(), y.clone()), (l.clone(), super::NEIGHBOUR_VOTE * *w as u128)))
-            })
-            .concat(lab.join_core(self_w.clone(), |k, l, w| Some((k.clone(), (l.clone(), *w as u128)))));
-        labels = votes.reduce(|_x, vals: &[(&(Replica, u128), isize)], out: &mut Vec<(Replica, isize)>| {
-            let weighted = vals.iter().map(|((l, w), d)| (l, *w * (*d).max(0) as u128));
-            out.push((choose_label(weighted).expect("a replica votes for itself").clone(), 1));
+            .join_core(lab.clone(), |(s, _x), (y, w), l| Some(((s.clone(), y.clone()), (l.clone(), *w as u128, false))))
+            .concat(lab.as_collection(|k, l| (k.clone(), (l.clone(), 0u128, true))));
+        labels = votes.reduce(move |(_s, x), vals: &[(&(Replica, u128, bool), isize)], out: &mut Vec<(Replica, isize)>| {
+            let own = &vals.iter().find(|(v, _)| v.2).expect("every replica votes for its own label").0 .0;
+            let neighbours = vals.iter().filter(|(v, _)| !v.2).map(|((l, w, _), d)| (l, *w * (*d).max(0) as u128));
+            out.push((next_label(own, neighbours, active(x, round)).clone(), 1));
         });
     }
     let max = params.max_cluster_size;
@@ -170,4 +166,82 @@ where
         .filter(|(_, a, b)| a != b);
     let edges = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, n as u64));
     (nodes, edges)
+}
+
+/// A cluster's summary, or the request for one: `(space, layer, cluster, content hash, [(member, member text)])`.
+pub type SummaryRequest = (String, u32, String, String, Vec<(String, String)>);
+
+pub struct Summaries<'s, T: Timestamp> {
+    /// `((space, cluster), (layer, summary))`: the text every summarised cluster shows retrieval.
+    pub texts: VecCollection<'s, T, ((String, String), (u32, String))>,
+    /// Clusters whose content has no summary yet: what the summariser works on (after its debounce).
+    pub requests: VecCollection<'s, T, SummaryRequest>,
+}
+
+/// Joins clusters with the summaries of their content. A cluster's content is its members' ids and texts (chunk
+/// texts at layer 1, the members' summaries above), hashed with [`crate::summary::content_hash`]; `summaries` holds
+/// `((space, content hash), summary)`, the logged responses. A cluster is requested only once every member has a
+/// text, so layer L+1 waits for layer L; an unchanged cluster is never requested again, whatever else changes.
+pub fn summaries<'s, T>(
+    texts0: VecCollection<'s, T, ((String, String), String)>,
+    layers: &[VecCollection<'s, T, (String, String, String)>],
+    summaries: VecCollection<'s, T, ((String, String), String)>,
+) -> Summaries<'s, T>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
+    // One summary per content hash, whatever the log holds.
+    let summaries = summaries.reduce(|_k, vals: &[(&String, isize)], out: &mut Vec<(String, isize)>| {
+        if let Some((t, _)) = vals.iter().find(|(_, d)| *d > 0) {
+            out.push(((*t).clone(), 1));
+        }
+    });
+    let mut below = texts0;
+    let mut texts = Vec::new();
+    let mut requests = Vec::new();
+    for (i, clusters) in layers.iter().enumerate() {
+        let layer = i as u32 + 1;
+        let member_of = clusters.clone().map(|(s, c, m)| ((s, m), c));
+        let with_text =
+            member_of.clone().join_map(below, |(s, m), c, t| ((s.clone(), c.clone()), (m.clone(), Some(t.clone()))));
+        let content = member_of
+            .map(|((s, m), c)| ((s, c), (m, None::<String>)))
+            .concat(with_text)
+            .reduce(|_k, vals: &[(&(String, Option<String>), isize)], out: &mut Vec<((String, Vec<(String, String)>), isize)>| {
+                // Sorted by member, `None` before `Some`: each member must have a text.
+                let mut members: Vec<(String, String)> = Vec::new();
+                let mut ids = 0;
+                let mut last: Option<&str> = None;
+                for ((m, t), _) in vals {
+                    if last != Some(m.as_str()) {
+                        ids += 1;
+                        last = Some(m);
+                    }
+                    if let Some(t) = t {
+                        if members.last().is_none_or(|(pm, _)| pm != m) {
+                            members.push((m.clone(), t.clone()));
+                        }
+                    }
+                }
+                if members.len() == ids {
+                    let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
+                    out.push(((crate::summary::content_hash(&refs), members), 1));
+                }
+            })
+            .map(|((s, c), (h, ms))| ((s, h), (c, ms)));
+        let summarized =
+            content.clone().join_map(summaries.clone(), |(s, _h), (c, _ms), t| ((s.clone(), c.clone()), t.clone()));
+        requests.push(
+            content
+                .antijoin(summaries.clone().map(|(k, _)| k))
+                .map(move |((s, h), (c, ms))| (s, layer, c, h, ms)),
+        );
+        texts.push(summarized.clone().map(move |(k, t)| (k, (layer, t))));
+        below = summarized;
+    }
+    let scope = summaries.scope();
+    Summaries {
+        texts: differential_dataflow::collection::concatenate(scope.clone(), texts),
+        requests: differential_dataflow::collection::concatenate(scope, requests),
+    }
 }

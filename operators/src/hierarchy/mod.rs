@@ -9,13 +9,12 @@
 //!    an isolated node gets one replica `(v, "")`.
 //! 2. **Replica graph.** Each edge (u, v) becomes an edge between u's replica for the component holding v and v's
 //!    replica for the component holding u, with the edge's weight.
-//! 3. **Label propagation**, synchronous, for a fixed number of rounds (so it terminates on every input): every
-//!    replica starts with its own id as label; each round a replica takes the label with the largest total weight
-//!    among its neighbours' labels plus its own label weighted by its strongest edge, ties to the smallest label.
-//!    The self-vote is what stops the oscillation synchronous LPA is known for: two replicas joined by one edge
-//!    would otherwise swap labels every round, and sparse similarity graphs are full of them. A weaker self-vote
-//!    (¼ of the strongest edge) scores higher modularity on the networkx fixture graphs but leaves such pairs
-//!    oscillating, so that sparse graphs never shrink.
+//! 3. **Label propagation**, semi-synchronous, for a fixed number of rounds (so it terminates on every input):
+//!    every replica starts with its own id as label; each round, the replicas whose deterministic coin for that
+//!    round comes up ([`active`]) take the label with the largest total edge weight among their neighbours' labels,
+//!    keeping their own when it is among the heaviest, else the smallest ([`next_label`]). Fully synchronous LPA
+//!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
+//!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
 //!    cluster over `max-cluster-size` is split into equal parts in member-id order.
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
@@ -62,10 +61,6 @@ impl HierarchyParams {
     }
 }
 
-/// Label propagation: a neighbour's vote counts `NEIGHBOUR_VOTE × weight`, a replica's vote for its own label
-/// counts its strongest edge's weight.
-pub const NEIGHBOUR_VOTE: u128 = 1;
-
 /// A replica: (node, the smallest member of the ego-network component it stands for; "" when isolated).
 pub type Replica = (String, String);
 
@@ -82,29 +77,38 @@ pub fn cluster_id(layer: u32, label: &Replica, part: Option<usize>) -> String {
     format!("L{layer}:{:016x}", fnv1a(&key))
 }
 
-/// Label propagation's choice from `(label, weight)` votes sorted by label: the heaviest label, ties to the smallest.
-pub fn choose_label<'a>(votes: impl Iterator<Item = (&'a Replica, u128)>) -> Option<&'a Replica> {
-    let mut best: Option<(&Replica, u128)> = None;
-    let mut cur: Option<(&Replica, u128)> = None;
+/// Semi-synchronous label propagation: whether replica `r` updates its label in `round`. A deterministic coin per
+/// replica and round; half the replicas move each round, so that two replicas joined by one edge cannot swap labels
+/// forever (the oscillation of synchronous LPA): in any round where one moves and the other does not, they agree.
+pub fn active(r: &Replica, round: usize) -> bool {
+    let mut key = Vec::with_capacity(r.0.len() + r.1.len() + 10);
+    key.extend_from_slice(r.0.as_bytes());
+    key.push(0x1f);
+    key.extend_from_slice(r.1.as_bytes());
+    key.push(0x1f);
+    key.extend_from_slice(&(round as u64).to_le_bytes());
+    crate::hash::space_hash_bytes(&key) & 1 == 1
+}
+
+/// A replica's next label: an inactive replica keeps `own`; an active one takes the label with the largest total
+/// weight among its neighbours' votes (sorted by label), keeping `own` when it is among the heaviest (networkx's
+/// rule) and otherwise taking the smallest of them; with no neighbours it keeps `own`.
+pub fn next_label<'a>(own: &'a Replica, votes: impl Iterator<Item = (&'a Replica, u128)>, active: bool) -> &'a Replica {
+    if !active {
+        return own;
+    }
+    let mut totals: Vec<(&Replica, u128)> = Vec::new();
     for (l, w) in votes {
-        match &mut cur {
-            Some((cl, cw)) if *cl == l => *cw += w,
-            _ => {
-                if let Some(c) = cur.take() {
-                    if best.is_none_or(|b| c.1 > b.1) {
-                        best = Some(c);
-                    }
-                }
-                cur = Some((l, w));
-            }
+        match totals.last_mut() {
+            Some((pl, pw)) if *pl == l => *pw += w,
+            _ => totals.push((l, w)),
         }
     }
-    if let Some(c) = cur {
-        if best.is_none_or(|b| c.1 > b.1) {
-            best = Some(c);
-        }
+    let Some(best) = totals.iter().map(|t| t.1).max() else { return own };
+    if totals.iter().any(|(l, w)| *l == own && *w == best) {
+        return own;
     }
-    best.map(|b| b.0)
+    totals.iter().find(|(_, w)| *w == best).map(|t| t.0).unwrap_or(own)
 }
 
 /// Splits sorted members into `ceil(n / max)` near-equal parts; `None` when no split is needed.
@@ -166,13 +170,16 @@ mod tests {
     }
 
     #[test]
-    fn label_choice_heaviest_then_smallest() {
+    fn next_label_rules() {
         let r = |s: &str| (s.to_string(), String::new());
         let (a, b, c) = (r("a"), r("b"), r("c"));
         let votes = vec![(&a, 2u128), (&b, 1), (&b, 1), (&c, 1)];
-        assert_eq!(choose_label(votes.into_iter()), Some(&a), "ties go to the smallest label");
+        assert_eq!(next_label(&c, votes.clone().into_iter(), true), &a, "ties go to the smallest label");
+        assert_eq!(next_label(&b, votes.clone().into_iter(), true), &b, "own label kept when among the heaviest");
+        assert_eq!(next_label(&c, votes.into_iter(), false), &c, "inactive replicas keep their label");
+        assert_eq!(next_label(&c, std::iter::empty(), true), &c);
         let votes = vec![(&a, 1u128), (&b, 3), (&c, 2)];
-        assert_eq!(choose_label(votes.into_iter()), Some(&b));
+        assert_eq!(next_label(&a, votes.into_iter(), true), &b);
     }
 
     #[test]

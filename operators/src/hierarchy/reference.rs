@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{choose_label, cluster_id, ego_components, split_part, HierarchyParams, Replica};
+use super::{active, cluster_id, ego_components, next_label, split_part, HierarchyParams, Replica};
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -63,21 +63,14 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
             radj.entry(ru).or_default().push((rv, *w));
         }
     }
-    let self_w: BTreeMap<&Replica, u64> =
-        replicas.iter().map(|r| (r, radj.get(r).map_or(0, |l| l.iter().map(|x| x.1).max().unwrap_or(0)))).collect();
     let mut labels: BTreeMap<Replica, Replica> = replicas.iter().map(|r| (r.clone(), r.clone())).collect();
-    for _ in 0..params.lpa_rounds {
+    for round in 0..params.lpa_rounds {
         let mut next = BTreeMap::new();
         for r in &replicas {
-            let mut votes: Vec<(&Replica, u128)> = radj
-                .get(r)
-                .into_iter()
-                .flatten()
-                .map(|(y, w)| (&labels[y], super::NEIGHBOUR_VOTE * *w as u128))
-                .collect();
-            votes.push((&labels[r], self_w[r] as u128));
+            let mut votes: Vec<(&Replica, u128)> =
+                radj.get(r).into_iter().flatten().map(|(y, w)| (&labels[y], *w as u128)).collect();
             votes.sort();
-            let l = choose_label(votes.into_iter()).expect("a replica votes for itself").clone();
+            let l = next_label(&labels[r], votes.into_iter(), active(r, round)).clone();
             next.insert(r.clone(), l);
         }
         labels = next;
