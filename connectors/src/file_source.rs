@@ -14,11 +14,19 @@ pub struct FileSource {
     /// A line read without its newline yet (a writer mid-line); completed on a later poll.
     partial: Vec<u8>,
     line: u64,
+    /// Lines up to this one were ingested before a restart (the input log says so): skip them.
+    resume_after: u64,
 }
 
 impl FileSource {
     pub fn new(path: impl Into<PathBuf>, follow: bool) -> Self {
-        FileSource { path: path.into(), follow, reader: None, partial: Vec::new(), line: 0 }
+        FileSource { path: path.into(), follow, reader: None, partial: Vec::new(), line: 0, resume_after: 0 }
+    }
+
+    /// Resumes after `line` (a file source is an append-only log: its lines keep their numbers).
+    pub fn resume_after(mut self, line: u64) -> Self {
+        self.resume_after = line;
+        self
     }
 }
 
@@ -57,7 +65,7 @@ impl Source for FileSource {
             }
             self.line += 1;
             let payload = std::mem::take(&mut self.partial);
-            if payload.iter().all(u8::is_ascii_whitespace) {
+            if self.line <= self.resume_after || payload.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
             out.push(SourceRecord {
@@ -172,6 +180,15 @@ mod tests {
         let mut s = FileSource::new(&p, false);
         assert_eq!(drain(&mut s), vec!["a", "b", "c"]);
         assert!(matches!(s.poll(10).unwrap(), SourceBatch::Done));
+    }
+
+    #[test]
+    fn resumes_after_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("in.jsonl");
+        std::fs::write(&p, "a\nb\nc\n").unwrap();
+        let mut s = FileSource::new(&p, false).resume_after(2);
+        assert_eq!(drain(&mut s), vec!["c"]);
     }
 
     #[test]

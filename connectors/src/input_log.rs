@@ -18,7 +18,13 @@ use serde::{Deserialize, Serialize};
 pub struct LoggedRecord {
     pub epoch: u64,
     pub space: String,
+    /// The record; `null` for a position marker (a batch of a source whose last lines were rejected).
     pub record: serde_json::Value,
+    /// Where it was read (`file:PATH`, `stdin`), and its offset there, for sources that resume after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 /// A logged LLM response.
@@ -122,7 +128,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("input.log");
         let mut log = InputLog::open(&p).unwrap();
-        let r = |e| LoggedRecord { epoch: e, space: "s".into(), record: serde_json::json!({"kind":"delete","doc":"d"}) };
+        let r = |e| LoggedRecord {
+            epoch: e,
+            space: "s".into(),
+            record: serde_json::json!({"kind":"delete","doc":"d"}),
+            source: None,
+            offset: None,
+        };
         log.append(&[r(1), r(2)]).unwrap();
         drop(log);
         std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"{\"epoch\":3,\"spa").unwrap();

@@ -62,6 +62,8 @@ pub struct Shared {
     pub response_log: Mutex<ResponseLog>,
     pub dead_letter: Mutex<DeadLetter>,
     pub llm: Arc<dyn Llm>,
+    /// Per source (`file:PATH`), the last offset the input log holds: where the source resumes after a restart.
+    pub resume: HashMap<String, u64>,
     /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
     closed: Mutex<VecDeque<(u64, Instant)>>,
 }
@@ -114,8 +116,16 @@ impl Shared {
         let (as_of, _) = watch::channel(None);
         let mut items = Vec::new();
         let mut max_epoch = None;
+        let mut resume: HashMap<String, u64> = HashMap::new();
         for r in &replay.records {
             max_epoch = max_epoch.max(Some(r.epoch));
+            if let (Some(src), Some(off)) = (&r.source, r.offset) {
+                let e = resume.entry(src.clone()).or_default();
+                *e = (*e).max(off);
+            }
+            if r.record.is_null() {
+                continue;
+            }
             match operators::record::from_value(r.record.clone(), Some(&r.space), &limits) {
                 Ok(rec) => items.push(Item::Record(rec)),
                 // Logged records were valid when logged; a config change (smaller limits) can reject them now.
@@ -138,6 +148,7 @@ impl Shared {
             embedder: make_embedder(&config),
             limits,
             queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0 }),
+            resume,
             views: RwLock::new(Views::default()),
             as_of,
             metrics,
@@ -204,7 +215,7 @@ impl Shared {
                     if let Some(obj) = v.as_object_mut() {
                         obj.remove("space");
                     }
-                    LoggedRecord { epoch, space: space.to_string(), record: v }
+                    LoggedRecord { epoch, space: space.to_string(), record: v, source: None, offset: None }
                 })
                 .collect();
             let t = Instant::now();
@@ -219,6 +230,57 @@ impl Shared {
         q.items.extend(accepted.into_iter().map(|(r, _)| Item::Record(r)));
         q.items.extend(rejects.into_iter().map(Item::Reject));
         Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected })
+    }
+
+    /// A batch from a source: rejects are dead-lettered; the rest are appended to the input log with their
+    /// positions (so that a restart replays them in order and the source resumes after them) and queued.
+    pub fn ingest_source(&self, kind: &str, records: Vec<connectors::SourceRecord>) -> std::io::Result<()> {
+        let n = records.len();
+        let last = records.last().map(|r| r.position.clone());
+        let mut items = Vec::with_capacity(n);
+        let mut logged = Vec::with_capacity(n + 1);
+        for r in records {
+            let parsed = std::str::from_utf8(&r.payload)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok());
+            match parse_record(&r.payload, r.space.as_deref(), &self.limits) {
+                Ok(rec) => {
+                    let value = parsed.expect("a record that parses is JSON");
+                    logged.push(LoggedRecord {
+                        epoch: 0,
+                        space: rec.space().to_string(),
+                        record: value,
+                        source: Some(r.position.source.clone()),
+                        offset: Some(r.position.offset),
+                    });
+                    items.push(Item::Record(rec));
+                }
+                Err(e) => items.push(Item::Reject(self.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload))),
+            }
+        }
+        if let Some(p) = last {
+            // Mark the batch's end, so that rejected last lines are not read (and dead-lettered) again.
+            if logged.last().and_then(|l| l.offset) != Some(p.offset) {
+                logged.push(LoggedRecord {
+                    epoch: 0,
+                    space: String::new(),
+                    record: serde_json::Value::Null,
+                    source: Some(p.source),
+                    offset: Some(p.offset),
+                });
+            }
+        }
+        self.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
+        let mut q = self.queue.lock().expect("queue lock");
+        for l in &mut logged {
+            l.epoch = q.open_epoch;
+        }
+        let t = Instant::now();
+        self.input_log.lock().expect("log lock").append(&logged)?;
+        self.metrics.input_log_fsync.observe(t.elapsed().as_secs_f64());
+        q.opened.get_or_insert_with(Instant::now);
+        q.items.extend(items);
+        Ok(())
     }
 
     /// Takes the open epoch's items if it is due: old enough, full enough, or shutting down.
@@ -284,18 +346,10 @@ pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'st
                 }
                 match source.poll(batch) {
                     Ok(SourceBatch::Records(records)) => {
-                        let n = records.len();
-                        let items: Vec<Item> = records
-                            .into_iter()
-                            .map(|r| match parse_record(&r.payload, r.space.as_deref(), &shared.limits) {
-                                Ok(rec) => Item::Record(rec),
-                                Err(e) => Item::Reject(shared.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload)),
-                            })
-                            .collect();
-                        shared.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
-                        let mut q = shared.queue.lock().expect("queue lock");
-                        q.opened.get_or_insert_with(Instant::now);
-                        q.items.extend(items);
+                        if let Err(e) = shared.ingest_source(kind, records) {
+                            tracing::error!(source = %name, error = %e, "could not log source records; the source stops");
+                            break;
+                        }
                     }
                     Ok(SourceBatch::Idle) => std::thread::sleep(source.idle_wait()),
                     Ok(SourceBatch::Done) => break,
@@ -433,6 +487,7 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
             }
             inputs.advance_to(epoch + 1);
             inputs.flush();
+            tracing::debug!(epoch, items = n, "epoch closed");
             shared.closed_epoch(epoch);
             shared.metrics.epochs.inc();
             shared.metrics.epoch_records.observe(n as f64);

@@ -56,6 +56,7 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/v1/spaces/{space}/records", post(ingest))
         .route("/v1/spaces/{space}/query", post(query_space))
         .route("/v1/spaces/{space}/nodes/{id}", get(node))
+        .route("/v1/spaces/{space}/summaries/pending", get(pending_summaries))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
@@ -260,6 +261,21 @@ async fn node(
         "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": w})).collect::<Vec<_>>(),
         "children": c.members, "parents": parents, "as_of": views.as_of,
     })))
+}
+
+/// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.
+async fn pending_summaries(State(s): State<Arc<Shared>>, Path(space): Path<String>) -> Result<Json<serde_json::Value>, AppError> {
+    let views = s.views.read().expect("views lock");
+    let view = views
+        .spaces
+        .get(&space)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let pending: Vec<_> = view
+        .requests
+        .iter()
+        .map(|(h, (layer, c, ms))| json!({"content_hash": h, "layer": layer, "cluster": c, "members": ms.len()}))
+        .collect();
+    Ok(Json(json!({"pending": pending, "as_of": views.as_of})))
 }
 
 /// SIGINT and SIGTERM handlers, registered as soon as this is made (so that a signal during start-up is not lost to

@@ -192,7 +192,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 (Box::new(StdinSource::spawn()), "stdin")
             } else {
                 anyhow::ensure!(args.follow || path.exists(), "input file {} does not exist", path.display());
-                (Box::new(FileSource::new(path, args.follow)), "file")
+                let source = FileSource::new(path, args.follow);
+                let after = shared.resume.get(&connectors::Source::name(&source)).copied().unwrap_or(0);
+                if after > 0 {
+                    tracing::info!(path = %path.display(), after_line = after, "resuming an input file after what the input log holds");
+                }
+                (Box::new(source.resume_after(after)), "file")
             };
             sources.push(engine::spawn_source(shared.clone(), src, kind));
         }

@@ -79,6 +79,9 @@ pub struct Views {
 impl Views {
     /// Applies the updates of one epoch: retractions before insertions, so that a replaced node ends up replaced.
     pub fn apply(&mut self, mut updates: Vec<(ViewUpdate, isize)>) {
+        // Consolidate first: within an epoch an update may arrive as +1 and -1 (a request answered in the epoch
+        // that made it), which must cancel, not apply in diff order.
+        differential_dataflow::consolidation::consolidate(&mut updates);
         updates.sort_by_key(|u| u.1);
         for (u, d) in updates {
             match u {
@@ -213,6 +216,14 @@ mod tests {
 
     fn node(id: &str, text: &str) -> Node {
         Node { id: id.into(), kind: NodeKind::Chunk, doc: "d".into(), pos: 0, text: text.into(), speaker: None, ts: None }
+    }
+
+    #[test]
+    fn updates_that_cancel_within_an_epoch_leave_nothing() {
+        let mut v = Views::default();
+        let r = ViewUpdate::Request("s".into(), 1, "L1:x".into(), "h".into(), vec![]);
+        v.apply(vec![(r.clone(), 1), (r, -1)]);
+        assert!(v.spaces.is_empty());
     }
 
     #[test]

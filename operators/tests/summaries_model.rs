@@ -1,0 +1,113 @@
+//! Summaries in the dataflow: requested once every member has a text, answered by content hash, layer by layer;
+//! a changed cluster is requested again, an unchanged one never.
+
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc, Mutex};
+
+use differential_dataflow::input::Input;
+use engram_operators::hierarchy::dataflow::{hierarchy, summaries};
+use engram_operators::hierarchy::HierarchyParams;
+use timely::dataflow::operators::capture::{Capture, Extract};
+
+type Req = (String, u32, String, String, Vec<(String, String)>);
+
+/// Two cliques of four joined by one edge; the driver answers every request of epoch t at epoch t + 1 (text =
+/// "sum:" + hash), `rounds` times, then deletes node a0.
+fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((String, String), (u32, String)), isize)>>) {
+    let (rs, rr) = mpsc::channel();
+    let (ts, tr) = mpsc::channel();
+    let (rs, ts) = (Arc::new(Mutex::new(rs)), Arc::new(Mutex::new(ts)));
+    timely::execute(timely::Config::thread(), move |worker| {
+        let (rs, ts) = (rs.lock().unwrap().clone(), ts.lock().unwrap().clone());
+        let (req_tx, req_rx) = mpsc::channel::<(Req, u64, isize)>();
+        let (mut n, mut e, mut s, probe) = worker.dataflow::<u64, _, _>(|scope| {
+            let (ni, nodes) = scope.new_collection::<(String, String), isize>();
+            let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
+            let (si, sums) = scope.new_collection::<((String, String), String), isize>();
+            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers: 3, max_cluster_size: 12, lpa_rounds: 6 });
+            let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
+            sm.texts.inner.capture_into(ts);
+            let req_tx = Mutex::new(req_tx);
+            let (probe, reqs) = sm.requests.inspect(move |(r, t, d)| req_tx.lock().unwrap().send((r.clone(), *t, *d)).unwrap()).probe();
+            reqs.inner.capture_into(rs);
+            (ni, ei, si, probe)
+        });
+        let names: Vec<String> = ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"].iter().map(|x| x.to_string()).collect();
+        for x in &names {
+            n.insert(("s".into(), x.clone()));
+        }
+        for (i, u) in names.iter().enumerate() {
+            for v in &names[i + 1..] {
+                if u[..1] == v[..1] || (u == "a0" && v == "b0") {
+                    e.insert(("s".into(), u.clone(), v.clone(), 100));
+                }
+            }
+        }
+        let mut live: BTreeMap<(String, String), isize> = BTreeMap::new();
+        for t in 0..rounds {
+            if t == rounds - 2 {
+                n.remove(("s".into(), "a0".into()));
+                for v in ["a1", "a2", "a3", "b0"] {
+                    e.remove(("s".into(), "a0".into(), v.into(), 100));
+                }
+            }
+            n.advance_to(t + 1);
+            e.advance_to(t + 1);
+            s.advance_to(t + 1);
+            n.flush();
+            e.flush();
+            s.flush();
+            worker.step_while(|| probe.less_than(&(t + 1)));
+            while let Ok((r, _, d)) = req_rx.try_recv() {
+                *live.entry((r.0.clone(), r.3.clone())).or_default() += d;
+            }
+            live.retain(|_, d| *d != 0);
+            for (k, _) in &live {
+                s.insert((k.clone(), format!("sum:{}", k.1)));
+            }
+            live.clear();
+        }
+    })
+    .unwrap();
+    let mut reqs = BTreeMap::new();
+    for (_, v) in rr.extract() {
+        for (r, t, d) in v {
+            reqs.entry(t).or_insert_with(Vec::new).push((r, d));
+        }
+    }
+    let mut texts = BTreeMap::new();
+    for (_, v) in tr.extract() {
+        for (r, t, d) in v {
+            texts.entry(t).or_insert_with(Vec::new).push((r, d));
+        }
+    }
+    (reqs, texts)
+}
+
+#[test]
+fn requests_are_answered_layer_by_layer_and_again_after_a_change() {
+    let (reqs, texts) = run(8);
+    let mut open: BTreeMap<(String, u32, String, String), isize> = BTreeMap::new();
+    for (t, rs) in &reqs {
+        for (r, d) in rs {
+            *open.entry((r.0.clone(), r.1, r.2.clone(), r.3.clone())).or_default() += d;
+        }
+        open.retain(|_, d| *d != 0);
+        eprintln!("t={t} open={:?}", open.keys().map(|k| (k.1, k.2.clone())).collect::<Vec<_>>());
+    }
+    assert!(open.is_empty(), "every request is answered: {open:?}");
+    let layer1_at_0: Vec<_> = reqs[&0].iter().filter(|(r, d)| r.1 == 1 && *d > 0).collect();
+    assert!(layer1_at_0.len() >= 2, "both cliques are requested at once");
+    assert!(reqs[&0].iter().all(|(r, _)| r.1 == 1), "layer 2 waits for layer 1's summaries");
+    let mut summarized: BTreeMap<(String, String), isize> = BTreeMap::new();
+    for (_, ts) in &texts {
+        for (((s, c), _), d) in ts {
+            *summarized.entry((s.clone(), c.clone())).or_default() += d;
+        }
+    }
+    summarized.retain(|_, d| *d != 0);
+    assert!(summarized.keys().any(|(_, c)| c.starts_with("L1:")), "{summarized:?}");
+    // The delete changed cluster a's content: it was requested again after the delete.
+    let after_delete: usize = reqs.range(6..).flat_map(|(_, v)| v).filter(|(r, d)| r.1 == 1 && *d > 0).count();
+    assert!(after_delete >= 1, "{reqs:?}");
+}

@@ -1,0 +1,108 @@
+//! The CAM hierarchy end to end over HTTP: clusters and summaries appear for the bundled examples, a delete
+//! retracts what was derived from the document and re-summarises what changed, and a restart makes no summary call.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{get, post, Engine};
+use serde_json::json;
+
+fn example(name: &str) -> String {
+    format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+const ENV: &[(&str, &str)] = &[("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms")];
+
+/// Waits until the news space has its hierarchy and every cluster its summary.
+async fn settled(engine: &Engine) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if let Some(news) = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == "news") {
+            let layers = news["layers"].as_array().unwrap().len();
+            if news["nodes"] == 59 && layers >= 3 && news["summaries_pending"] == 0 {
+                return news.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "hierarchy did not settle: {spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn metric(engine: &Engine, name: &str) -> f64 {
+    let text = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+fn log_lines(engine: &Engine) -> usize {
+    std::fs::read_to_string(engine.data_dir.join("responses.log")).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn clusters_summaries_deletes_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let news = example("news.jsonl");
+    let args = ["--input", news.as_str()];
+    let mut engine = Engine::start(dir.path(), &args, ENV);
+    let before = settled(&engine).await;
+    let layers: Vec<u64> = before["layers"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
+    assert!(layers.windows(2).all(|w| w[1] < w[0]), "every kept layer shrinks: {layers:?}");
+    let calls = metric(&engine, "engram_llm_requests_total").await;
+    assert_eq!(calls as usize, log_lines(&engine), "every call is logged once");
+    assert_eq!(calls as u64, layers[1..].iter().sum::<u64>(), "one summary per cluster");
+
+    // A chunk's parents are layer-1 clusters with a summary and children.
+    let url = |id: &str| format!("{}/v1/spaces/news/nodes/{}", engine.api, id.replace('#', "%23"));
+    let (_, chunk) = get(&url("pm-2026-11-23-storm#0")).await;
+    let parent = chunk["parents"][0].as_str().expect("the chunk has a cluster").to_string();
+    let (status, cluster) = get(&url(&parent)).await;
+    assert_eq!(status, 200, "{cluster}");
+    assert_eq!(cluster["layer"], 1);
+    assert_eq!(cluster["kind"], "summary");
+    assert!(!cluster["text"].as_str().unwrap().is_empty());
+    assert!(cluster["children"].as_array().unwrap().iter().any(|c| c == "pm-2026-11-23-storm#0"));
+
+    // Delete the storm report: its chunks leave every cluster; changed clusters are summarised again.
+    let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), json!({"kind":"delete","doc":"pm-2026-11-23-storm"}).to_string()).await;
+    let receipt = r["receipt"].as_str().unwrap().to_string();
+    let (status, _) = get(&format!("{}?after={receipt}", url("pm-2026-11-23-storm#0"))).await;
+    assert_eq!(status, 404);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        let news = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == "news").unwrap().clone();
+        if news["summaries_pending"] == 0 && news["nodes"].as_u64().unwrap() < 59 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = get(&url(&parent)).await;
+    if status == 200 {
+        let (_, c) = get(&url(&parent)).await;
+        assert!(!c["children"].as_array().unwrap().iter().any(|x| x.as_str().unwrap().starts_with("pm-2026-11-23-storm")));
+    }
+    let after_delete = log_lines(&engine);
+    assert!(after_delete > calls as usize, "changed clusters were summarised again");
+    assert_eq!(engine.terminate(), Some(0));
+
+    // Restart on the same data: the hierarchy comes back from the logs with no summary call.
+    let engine = Engine::start(dir.path(), &args, ENV);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        let news = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == "news").cloned();
+        if news.is_some_and(|n| n["nodes"].as_u64() < Some(59) && n["summaries_pending"] == 0 && n["layers"].as_array().unwrap().len() >= 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(&engine, "engram_llm_requests_total").await, 0.0, "a restart repeats no call");
+    assert_eq!(log_lines(&engine), after_delete);
+}
