@@ -22,6 +22,9 @@ pub enum BenchName {
     Ingest,
     /// Score distributions of the similarity graph and the edges per node at a range of θ (calibration).
     Theta,
+    /// Incremental cost of inserting batches into a memory (similarity graph, hierarchy, summaries) against a
+    /// from-scratch build.
+    Hierarchy,
 }
 
 #[derive(Args)]
@@ -42,6 +45,12 @@ pub struct BenchArgs {
     /// One JSON object per measured point.
     #[arg(long)]
     json: bool,
+    /// hierarchy: memory sizes (chunks) to measure.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    sizes: Vec<usize>,
+    /// hierarchy: batch sizes (chunks) to insert.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100,500")]
+    batches: Vec<usize>,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -49,6 +58,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.name {
         BenchName::Ingest => ingest(&args, &config),
         BenchName::Theta => theta(&args, &config),
+        BenchName::Hierarchy => hierarchy_bench(&args, &config),
     }
 }
 
@@ -231,6 +241,158 @@ fn theta(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
         }
         row["by_theta"] = serde_json::Value::Object(per_theta);
         println!("{}", if args.json { row.to_string() } else { serde_json::to_string_pretty(&row)? });
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A deterministic synthetic corpus: documents of 8 chunks, each chunk 40 words drawn mostly from one of 400
+/// topic vocabularies (so that chunks of one topic are similar across documents) plus shared filler.
+fn synthetic(start: usize, n: usize) -> Vec<(String, Node, isize)> {
+    let mut out = Vec::with_capacity(n);
+    for i in start..start + n {
+        let doc = i / 8;
+        let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let topic = (doc as u64).wrapping_mul(2_654_435_761) % 400;
+        let words: Vec<String> = (0..40)
+            .map(|_| {
+                let r = next();
+                if r % 10 < 7 {
+                    format!("t{topic}w{}", (r >> 8) % 25)
+                } else {
+                    format!("common{}", (r >> 8) % 300)
+                }
+            })
+            .collect();
+        let node = Node {
+            id: format!("d{doc}#{}", i % 8),
+            kind: operators::NodeKind::Chunk,
+            doc: format!("d{doc}"),
+            pos: (i % 8) as i64 * operators::model::POSITION_SCALE,
+            text: words.join(" "),
+            speaker: None,
+            ts: None,
+        };
+        out.push(("bench".to_string(), node, 1));
+    }
+    out
+}
+
+/// `engram bench hierarchy`: for each memory size, a from-scratch build (one epoch, then summary rounds until no
+/// cluster waits), then batches inserted into it; each measured to quiescence, with the summary calls it caused.
+fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    use std::sync::mpsc;
+    let sizes = args.sizes.clone();
+    let batches = args.batches.clone();
+    let sim = config.similarity.clone();
+    let hparams = config.hierarchy.params();
+    let dim = config.embedder.dim;
+    let words = config.hierarchy.summary_words;
+    let workers = args.workers.first().copied().unwrap_or(1);
+    let json = args.json;
+    let (tx, rx) = mpsc::channel::<serde_json::Value>();
+    let tx = Mutex::new(tx);
+    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+        let tx = tx.lock().expect("tx").clone();
+        for &size in &sizes {
+            let probe = ProbeHandle::new();
+            let (req_tx, req_rx) = mpsc::channel::<((String, String), Vec<(String, String)>, isize)>();
+            let req_tx = Mutex::new(req_tx);
+            let (mut nodes, mut sums) = worker.dataflow::<u64, _, _>(|scope| {
+                let (ni, nodes) = scope.new_collection::<(String, Node), isize>();
+                let (si, logged) = scope.new_collection::<((String, String), String), isize>();
+                let embedded = embed_nodes(nodes.clone(), Arc::new(HashEmbedder::new(dim)));
+                let edges = similarity_edges(embedded, sim.clone());
+                let h = operators::hierarchy::dataflow::hierarchy(
+                    nodes.clone().map(|(s, n)| (s, n.id)),
+                    edges.map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
+                    &hparams,
+                );
+                let sm = operators::hierarchy::dataflow::summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
+                sm.requests
+                    .inspect(move |((s, _l, _c, hsh, ms), _t, d)| {
+                        req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), ms.clone(), *d)).expect("send");
+                    })
+                    .probe_with(&probe);
+                h.clusters.probe_with(&probe);
+                (ni, si)
+            });
+            let mut epoch = 0u64;
+            let mut open: std::collections::BTreeMap<(String, String), (Vec<(String, String)>, isize)> = Default::default();
+            let llm = operators::summary::Extractive { max_words: words };
+            // Feeds one epoch, then answers summary requests epoch after epoch until none is left; returns
+            // (seconds, summary calls).
+            let mut run = |deltas: Vec<(String, Node, isize)>, worker: &mut timely::worker::Worker| -> (f64, usize) {
+                let t = Instant::now();
+                let mut calls = 0;
+                if worker.index() == 0 {
+                    for (s, n, d) in deltas {
+                        nodes.update((s, n), d);
+                    }
+                }
+                loop {
+                    epoch += 1;
+                    nodes.advance_to(epoch);
+                    sums.advance_to(epoch);
+                    nodes.flush();
+                    sums.flush();
+                    worker.step_while(|| probe.less_than(&epoch));
+                    while let Ok((k, ms, d)) = req_rx.try_recv() {
+                        let e = open.entry(k).or_insert((ms, 0));
+                        e.1 += d;
+                    }
+                    open.retain(|_, v| v.1 != 0);
+                    if open.is_empty() {
+                        break;
+                    }
+                    for (k, (ms, _)) in &open {
+                        let texts: Vec<&str> = ms.iter().map(|m| m.1.as_str()).collect();
+                        let s = operators::summary::Llm::summarize(&llm, &texts).expect("extractive");
+                        if worker.index() == 0 {
+                            sums.update((k.clone(), s), 1);
+                        }
+                        calls += 1;
+                    }
+                }
+                (t.elapsed().as_secs_f64(), calls)
+            };
+            let (rebuild, rebuild_calls) = run(if worker.index() == 0 { synthetic(0, size) } else { Vec::new() }, worker);
+            let mut next = size;
+            for &b in &batches {
+                let (secs, calls) = run(if worker.index() == 0 { synthetic(next, b) } else { Vec::new() }, worker);
+                next += b;
+                if worker.index() == 0 {
+                    tx.send(serde_json::json!({
+                        "bench": "hierarchy", "memory_chunks": size, "batch": b, "insert_seconds": secs,
+                        "rebuild_seconds": rebuild, "speedup": rebuild / secs,
+                        "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / b as f64,
+                        "rebuild_summary_calls": rebuild_calls, "workers": worker.peers(),
+                    }))
+                    .expect("send");
+                }
+            }
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("timely: {e}"))?;
+    for r in guards.join() {
+        r.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
+    }
+    for p in rx.try_iter() {
+        if json {
+            println!("{p}");
+        } else {
+            println!(
+                "memory={:<7} batch={:<4} insert={:>8.3}s rebuild={:>8.2}s speedup={:>7.1}x summary_calls/chunk={:.3}",
+                p["memory_chunks"], p["batch"], p["insert_seconds"].as_f64().unwrap_or(0.0),
+                p["rebuild_seconds"].as_f64().unwrap_or(0.0), p["speedup"].as_f64().unwrap_or(0.0),
+                p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,7 +8,7 @@ use differential_dataflow::VecCollection;
 use timely::order::TotalOrder;
 use timely::progress::Timestamp;
 
-use super::{active, cluster_id, ego_components, next_label, split_part, HierarchyParams, Replica};
+use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -123,13 +123,17 @@ where
     let max = params.max_cluster_size;
     labels
         .map(|((s, r), l)| ((s, l), r.0))
-        .reduce(move |(_s, l): &(String, Replica), members: &[(&String, isize)], out: &mut Vec<((String, String), isize)>| {
-            let n = members.len();
-            for (i, (m, _)) in members.iter().enumerate() {
-                out.push(((cluster_id(layer, l, split_part(i, n, max)), (*m).clone()), 1));
+        .reduce(move |_k: &(String, Replica), members: &[(&String, isize)], out: &mut Vec<((String, String), isize)>| {
+            let ms: Vec<&str> = members.iter().map(|(m, _)| m.as_str()).collect();
+            for part in parts(&ms, max) {
+                let id = cluster_id(layer, part.iter().copied());
+                for m in part {
+                    out.push(((id.clone(), m.to_string()), 1));
+                }
             }
         })
         .map(|((s, _l), (c, m))| ((s, c), m))
+        .distinct()
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>

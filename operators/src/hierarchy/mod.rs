@@ -16,7 +16,8 @@
 //!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
-//!    cluster over `max-cluster-size` is split into equal parts in member-id order.
+//!    cluster over `max-cluster-size` is split into equal parts in member-id order. A cluster is named by a hash
+//!    of its members ([`cluster_id`]), so identical member sets are one cluster.
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
 //!    joins them (weight: the number of such links). The hierarchy stops at `max-layers`, or at the first layer
 //!    that does not shrink (its clusters are dropped), per space.
@@ -64,17 +65,32 @@ impl HierarchyParams {
 /// A replica: (node, the smallest member of the ego-network component it stands for; "" when isolated).
 pub type Replica = (String, String);
 
-/// The id of a cluster of `layer` (≥ 1) from its label and, when split, its part.
-pub fn cluster_id(layer: u32, label: &Replica, part: Option<usize>) -> String {
-    let mut key = Vec::with_capacity(label.0.len() + label.1.len() + 12);
-    key.extend_from_slice(label.0.as_bytes());
-    key.push(0x1f);
-    key.extend_from_slice(label.1.as_bytes());
-    if let Some(p) = part {
+/// The id of a cluster of `layer` (≥ 1): a hash of its members. Ids follow content, not labels: when label
+/// propagation renames a cluster without changing its members (a replica renamed because its ego network gained a
+/// member, say), its id, and therefore every layer above it and their summaries, stays as it was. Two labels with
+/// the same members are one cluster.
+pub fn cluster_id<'a>(layer: u32, members: impl Iterator<Item = &'a str>) -> String {
+    let mut key = layer.to_le_bytes().to_vec();
+    for m in members {
+        key.extend_from_slice(m.as_bytes());
         key.push(0x1f);
-        key.extend_from_slice(p.to_string().as_bytes());
     }
-    format!("L{layer}:{:016x}", fnv1a(&key))
+    let rev: Vec<u8> = key.iter().rev().copied().collect();
+    format!("L{layer}:{:016x}{:08x}", fnv1a(&key), fnv1a(&rev) as u32)
+}
+
+/// The members of each part of a (possibly split) cluster, from its sorted members.
+pub fn parts<'a>(members: &[&'a str], max: usize) -> Vec<Vec<&'a str>> {
+    let n = members.len();
+    let mut out: Vec<Vec<&str>> = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        let p = split_part(i, n, max).unwrap_or(0);
+        if out.len() <= p {
+            out.resize(p + 1, Vec::new());
+        }
+        out[p].push(m);
+    }
+    out
 }
 
 /// Semi-synchronous label propagation: whether replica `r` updates its label in `round`. A deterministic coin per

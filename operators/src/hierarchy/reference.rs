@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{active, cluster_id, ego_components, next_label, split_part, HierarchyParams, Replica};
+use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -80,11 +80,11 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
         by_label.entry(l).or_default().insert(&r.0);
     }
     let mut clusters = Clusters::new();
-    for (l, members) in by_label {
-        let n = members.len();
-        for (i, m) in members.into_iter().enumerate() {
-            let id = cluster_id(layer, l, split_part(i, n, params.max_cluster_size));
-            clusters.entry(id).or_default().insert(m.to_string());
+    for members in by_label.into_values() {
+        let ms: Vec<&str> = members.into_iter().collect();
+        for part in parts(&ms, params.max_cluster_size) {
+            let id = cluster_id(layer, part.iter().copied());
+            clusters.entry(id).or_default().extend(part.iter().map(|m| m.to_string()));
         }
     }
     clusters
