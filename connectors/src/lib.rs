@@ -3,6 +3,7 @@
 pub mod dead_letter;
 pub mod file_source;
 pub mod input_log;
+pub mod llm;
 pub mod source;
 
 pub use dead_letter::DeadLetter;

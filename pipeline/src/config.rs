@@ -94,10 +94,24 @@ pub struct LlmConfig {
     pub backend: LlmBackend,
     pub base_url: String,
     pub model: String,
+    /// Empty: taken from the OPENAI_API_KEY environment variable, if set.
     pub api_key: String,
     pub requests_per_minute: u32,
     pub tokens_per_minute: u32,
     pub max_in_flight: usize,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub max_retries: u32,
+    /// json-schema | json-object (for servers without JSON-schema support).
+    pub response_format: ResponseFormatName,
+    pub max_tokens: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResponseFormatName {
+    JsonSchema,
+    JsonObject,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -205,11 +219,25 @@ impl Config {
                 self.embedder.kind
             ));
         }
-        if self.llm.backend != LlmBackend::Extractive {
-            errs.push("llm.backend = \"openai\": only \"extractive\" is available in this build (the OpenAI-compatible client is tracked by the LLM connector issue)".into());
+        if self.llm.backend == LlmBackend::Openai {
+            if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
+                errs.push(format!("llm.base-url = {:?} must be an http(s) URL up to /v1 when llm.backend = \"openai\"", self.llm.base_url));
+            }
+            if self.llm.model.is_empty() {
+                errs.push("llm.model must be set when llm.backend = \"openai\"".into());
+            }
         }
         if self.llm.max_in_flight == 0 {
             errs.push("llm.max-in-flight must be positive".into());
+        }
+        if self.llm.requests_per_minute == 0 || self.llm.tokens_per_minute == 0 {
+            errs.push("llm.requests-per-minute and llm.tokens-per-minute must be positive".into());
+        }
+        if self.llm.timeout.is_zero() {
+            errs.push("llm.timeout must be positive".into());
+        }
+        if self.llm.max_tokens == 0 {
+            errs.push("llm.max-tokens must be positive".into());
         }
         if !self.kafka.topics.is_empty() || !self.kafka.brokers.is_empty() {
             errs.push("kafka: the Kafka source is not available in this build yet (tracked by the Kafka connectors issue); leave kafka.brokers and kafka.topics empty".into());

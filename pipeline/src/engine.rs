@@ -83,6 +83,42 @@ pub struct Receipt {
     pub rejected: Vec<(usize, String)>,
 }
 
+/// The summariser's model: the built-in extractive backend, or an OpenAI-compatible server.
+pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Llm>> {
+    use crate::config::{LlmBackend, ResponseFormatName};
+    use connectors::llm::{OpenAiClient, OpenAiConfig, OpenAiLlm, ResponseFormat};
+    Ok(match config.llm.backend {
+        LlmBackend::Extractive => Arc::new(Extractive { max_words: config.hierarchy.summary_words }),
+        LlmBackend::Openai => {
+            let l = &config.llm;
+            let api_key = Some(l.api_key.clone())
+                .filter(|k| !k.is_empty())
+                .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()));
+            let client = OpenAiClient::new(
+                OpenAiConfig {
+                    base_url: l.base_url.clone(),
+                    model: l.model.clone(),
+                    api_key,
+                    requests_per_minute: l.requests_per_minute,
+                    tokens_per_minute: l.tokens_per_minute,
+                    max_in_flight: l.max_in_flight,
+                    timeout: l.timeout,
+                    max_retries: l.max_retries,
+                    response_format: match l.response_format {
+                        ResponseFormatName::JsonSchema => ResponseFormat::JsonSchema,
+                        ResponseFormatName::JsonObject => ResponseFormat::JsonObject,
+                    },
+                    max_tokens: l.max_tokens,
+                    backoff: Duration::from_millis(500),
+                },
+                metrics.llm.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+            Arc::new(OpenAiLlm::new(client, config.hierarchy.summary_words)?)
+        }
+    })
+}
+
 pub fn make_embedder(config: &Config) -> Arc<dyn Embedder> {
     // Validation admits only `hash` for now.
     Arc::new(HashEmbedder::new(config.embedder.dim))
@@ -105,14 +141,14 @@ impl Shared {
             tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
         }
         let input_log = InputLog::open(&log_path)?;
-        let llm: Arc<dyn Llm> = Arc::new(Extractive { max_words: config.hierarchy.summary_words });
+        let metrics = Metrics::new();
+        let llm = make_llm(&config, &metrics)?;
         // Logged responses of the configured model are inputs like records: no call is made for them again.
         let responses_path = dir.join("responses.log");
         let responses = ResponseLog::replay(&responses_path)?;
         let response_log = ResponseLog::open(&responses_path)?;
         let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
-        let metrics = Metrics::new();
         let (as_of, _) = watch::channel(None);
         let mut items = Vec::new();
         let mut max_epoch = None;
@@ -502,8 +538,31 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
 
 /// The summariser: takes the clusters the views list as waiting for a summary, once each has waited
 /// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
-/// LLM, appends the response to the response log (fsync'd) and queues it as an input for the next epoch.
+/// LLM on up to `llm.max-in-flight` threads, appends each response to the response log (fsync'd) and queues it as an
+/// input for the next epoch. A failed request is retried after another debounce; nothing is dropped.
 pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
+    type Job = ((String, String), Vec<String>);
+    type Done = ((String, String), Result<String, operators::summary::LlmError>, Duration);
+    let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    for i in 0..shared.config.llm.max_in_flight.max(1) {
+        let (job_rx, done_tx, shared) = (job_rx.clone(), done_tx.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name(format!("engram-llm-{i}"))
+            .spawn(move || loop {
+                let job = job_rx.lock().expect("job lock").recv();
+                let Ok((key, texts)) = job else { return };
+                let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let t = Instant::now();
+                let out = shared.llm.summarize(&refs);
+                if done_tx.send((key, out, t.elapsed())).is_err() {
+                    return;
+                }
+            })
+            .expect("spawn LLM worker");
+    }
+    let extractive = shared.config.llm.backend == crate::config::LlmBackend::Extractive;
     std::thread::Builder::new()
         .name("engram-summarizer".into())
         .spawn(move || {
@@ -511,42 +570,47 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
             let mut first_seen: HashMap<(String, String), Instant> = HashMap::new();
             let mut submitted: HashSet<(String, String)> = HashSet::new();
             while !shared.shutdown.load(Ordering::Relaxed) {
-                let waiting: Vec<((String, String), Vec<(String, String)>)> = {
+                let waiting: Vec<((String, String), Vec<String>)> = {
                     let views = shared.views.read().expect("views lock");
                     views
                         .spaces
                         .iter()
-                        .flat_map(|(s, v)| v.requests.iter().map(move |(h, (_, _, ms))| ((s.clone(), h.clone()), ms.clone())))
+                        .flat_map(|(s, v)| {
+                            v.requests.iter().map(move |(h, (_, _, ms))| {
+                                ((s.clone(), h.clone()), ms.iter().map(|m| m.1.clone()).collect())
+                            })
+                        })
                         .collect()
                 };
                 let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
                 first_seen.retain(|k, _| live.contains(k));
                 submitted.retain(|k| live.contains(k));
                 let now = Instant::now();
-                let mut done = Vec::new();
-                for (key, members) in &waiting {
+                for (key, texts) in waiting.iter() {
                     let seen = *first_seen.entry(key.clone()).or_insert(now);
-                    if now.duration_since(seen) < debounce || submitted.contains(key) {
-                        continue;
+                    if now.duration_since(seen) >= debounce && submitted.insert(key.clone()) {
+                        let _ = job_tx.send((key.clone(), texts.clone()));
                     }
-                    let texts: Vec<&str> = members.iter().map(|(_, t)| t.as_str()).collect();
-                    let t = Instant::now();
-                    match shared.llm.summarize(&texts) {
+                }
+                let mut done = Vec::new();
+                while let Ok((key, out, took)) = done_rx.try_recv() {
+                    match out {
                         Ok(summary) => {
-                            shared.metrics.llm_requests.with_label_values(&["summary", "ok"]).inc();
-                            shared.metrics.llm_duration.with_label_values(&["summary"]).observe(t.elapsed().as_secs_f64());
+                            if extractive {
+                                shared.metrics.llm.requests.with_label_values(&["summary", "ok"]).inc();
+                                shared.metrics.llm.duration.with_label_values(&["summary"]).observe(took.as_secs_f64());
+                            }
                             done.push(LoggedResponse {
                                 model: shared.llm.model().to_string(),
-                                space: key.0.clone(),
-                                key: key.1.clone(),
+                                space: key.0,
+                                key: key.1,
                                 response: summary,
                             });
-                            submitted.insert(key.clone());
                         }
                         Err(e) => {
-                            shared.metrics.llm_requests.with_label_values(&["summary", "error"]).inc();
                             tracing::warn!(error = %e, "summary failed; retried after the debounce");
-                            first_seen.insert(key.clone(), Instant::now());
+                            submitted.remove(&key);
+                            first_seen.insert(key, Instant::now());
                         }
                     }
                 }
@@ -563,7 +627,7 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                         q.items.extend(done.into_iter().map(|r| Item::Summary(r.space, r.key, r.response)));
                     }
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(20));
             }
         })
         .expect("spawn summarizer")

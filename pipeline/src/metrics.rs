@@ -17,8 +17,7 @@ pub struct Metrics {
     pub query_duration: HistogramVec,
     pub clusters: IntGauge,
     pub summary_backlog: IntGauge,
-    pub llm_requests: IntCounterVec,
-    pub llm_duration: HistogramVec,
+    pub llm: connectors::llm::LlmMetrics,
     pub input_log_fsync: Histogram,
 }
 
@@ -71,22 +70,11 @@ impl Metrics {
             "Clusters waiting for a summary (debouncing or in flight)",
         )
         .expect("metric");
-        let llm_requests = IntCounterVec::new(
-            Opts::new("engram_llm_requests_total", "LLM requests by stage and outcome (logged responses are not requests)"),
-            &["stage", "outcome"],
-        )
-        .expect("metric");
-        let llm_duration = HistogramVec::new(
-            HistogramOpts::new("engram_llm_request_duration_seconds", "LLM request latency by stage")
-                .buckets(prometheus::exponential_buckets(0.0001, 4.0, 10).expect("buckets")),
-            &["stage"],
-        )
-        .expect("metric");
+        let llm = connectors::llm::LlmMetrics::new(&registry).expect("LLM metrics");
         for m in [
             Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(summary_backlog.clone()),
-            Box::new(llm_requests.clone()),
-            Box::new(llm_duration.clone()),
+
             Box::new(records_in.clone()),
             Box::new(records_rejected.clone()),
             Box::new(epochs.clone()),
@@ -116,8 +104,7 @@ impl Metrics {
             input_log_fsync,
             clusters,
             summary_backlog,
-            llm_requests,
-            llm_duration,
+            llm,
         }
     }
 

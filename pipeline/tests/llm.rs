@@ -1,0 +1,82 @@
+//! The engine with `llm.backend = "openai"` against a local OpenAI-compatible test server: cluster summaries come
+//! from the server (through 500s, which are retried), and a restart makes zero calls, counted at the server.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{get, Engine};
+use serde_json::{json, Value};
+
+async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) -> axum::response::Response {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    if n % 5 == 4 {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "flaky").into_response();
+    }
+    let user = body["messages"][1]["content"].as_str().unwrap_or("");
+    let passages: Value = user.find('[').and_then(|i| serde_json::from_str(&user[i..]).ok()).unwrap_or(Value::Null);
+    let first = passages[0]["text"].as_str().unwrap_or("?");
+    let head: Vec<&str> = first.split_whitespace().take(5).collect();
+    let content = json!({"summary": format!("S: {}", head.join(" "))}).to_string();
+    Json(json!({"choices": [{"message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10}}))
+    .into_response()
+}
+
+async fn settled(engine: &Engine) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if let Some(news) = spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == "news")) {
+            if news["nodes"] == 59 && news["layers"].as_array().unwrap().len() >= 3 && news["summaries_pending"] == 0 {
+                return news.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "not settled: {spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn summaries_from_an_openai_compatible_server_and_no_call_on_restart() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    ];
+    let mut engine = Engine::start(dir.path(), &["--input", &news], &env);
+    let space = settled(&engine).await;
+    let clusters = space["clusters"].as_u64().unwrap() as usize;
+    let made = calls.load(Ordering::SeqCst);
+    assert!(made >= clusters, "{made} calls for {clusters} clusters");
+
+    let (_, chunk) = get(&format!("{}/v1/spaces/news/nodes/pm-2026-11-23-storm%230", engine.api)).await;
+    let parent = chunk["parents"][0].as_str().unwrap().to_string();
+    let (_, cluster) = get(&format!("{}/v1/spaces/news/nodes/{parent}", engine.api)).await;
+    assert!(cluster["text"].as_str().unwrap().starts_with("S: "), "{cluster}");
+    let logged = std::fs::read_to_string(dir.path().join("responses.log")).unwrap();
+    assert!(logged.lines().all(|l| l.contains("\"model\":\"test-model\"")));
+    assert_eq!(engine.terminate(), Some(0));
+
+    let engine = Engine::start(dir.path(), &["--input", &news], &env);
+    settled(&engine).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), made, "a restart makes no call: every response is in the log");
+}
