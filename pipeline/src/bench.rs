@@ -245,9 +245,10 @@ fn theta(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A deterministic synthetic corpus: documents of 8 chunks, each chunk 40 words drawn mostly from one of 400
-/// topic vocabularies (so that chunks of one topic are similar across documents) plus shared filler.
-fn synthetic(start: usize, n: usize) -> Vec<(String, Node, isize)> {
+/// A deterministic synthetic corpus: documents of 8 chunks, each chunk 40 words drawn mostly from one of `topics`
+/// topic vocabularies (so that chunks of one topic are similar across documents) plus shared filler. The bench uses
+/// one topic per 25 chunks of the memory, so that a larger memory has more stories, not denser ones.
+fn synthetic(start: usize, n: usize, topics: u64) -> Vec<(String, Node, isize)> {
     let mut out = Vec::with_capacity(n);
     for i in start..start + n {
         let doc = i / 8;
@@ -258,7 +259,7 @@ fn synthetic(start: usize, n: usize) -> Vec<(String, Node, isize)> {
             x ^= x << 17;
             x
         };
-        let topic = (doc as u64).wrapping_mul(2_654_435_761) % 400;
+        let topic = (doc as u64).wrapping_mul(2_654_435_761) % topics.max(1);
         let words: Vec<String> = (0..40)
             .map(|_| {
                 let r = next();
@@ -361,10 +362,11 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                 }
                 (t.elapsed().as_secs_f64(), calls)
             };
-            let (rebuild, rebuild_calls) = run(if worker.index() == 0 { synthetic(0, size) } else { Vec::new() }, worker);
+            let topics = (size as u64 / 25).max(1);
+            let (rebuild, rebuild_calls) = run(if worker.index() == 0 { synthetic(0, size, topics) } else { Vec::new() }, worker);
             let mut next = size;
             for &b in &batches {
-                let (secs, calls) = run(if worker.index() == 0 { synthetic(next, b) } else { Vec::new() }, worker);
+                let (secs, calls) = run(if worker.index() == 0 { synthetic(next, b, topics) } else { Vec::new() }, worker);
                 next += b;
                 if worker.index() == 0 {
                     tx.send(serde_json::json!({
