@@ -12,6 +12,8 @@ pub const POSITION_SCALE: i64 = 1000;
 pub enum NodeKind {
     Chunk,
     Turn,
+    /// A cluster of layer ≥ 1, shown by its summary.
+    Summary,
 }
 
 /// A layer-0 node: one chunk of a document or one turn of a conversation. `id` is unique within its space.

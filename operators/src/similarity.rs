@@ -406,7 +406,12 @@ impl SimilarityIndex {
         let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
         loop {
             let ef = want.max(self.params.ef_search);
-            let hits = self.hnsw.search_filter(&q.0, want, ef, Some(&filter));
+            // hnsw_rs's filtered search walks much more of the graph; without tombstones there is nothing to filter.
+            let hits = if self.tombstones == 0 {
+                self.hnsw.search(&q.0, want, ef)
+            } else {
+                self.hnsw.search_filter(&q.0, want, ef, Some(&filter))
+            };
             let exhausted = hits.len() < want || want >= live_slots;
             let worst_in_range = hits.last().is_some_and(|h| 1.0 - h.distance >= min_cos - 1e-3);
             if exhausted || !worst_in_range {

@@ -66,6 +66,19 @@ async fn clusters_summaries_deletes_and_restart() {
     assert!(!cluster["text"].as_str().unwrap().is_empty());
     assert!(cluster["children"].as_array().unwrap().iter().any(|c| c == "pm-2026-11-23-storm#0"));
 
+    // Prune-and-Grow over every layer: evidence within the budget, a trace of seeds and rounds.
+    let q = json!({"query": "How much will the sea wall cost?", "mode": "prune-and-grow", "budget_words": 300, "k": 6});
+    let (status, resp) = post(&format!("{}/v1/spaces/news/query", engine.api), q.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    let evidence = resp["evidence"].as_array().unwrap();
+    assert!(!evidence.is_empty());
+    let words: usize = evidence.iter().map(|e| e["text"].as_str().unwrap().split_whitespace().count()).sum();
+    assert!(words <= 300, "{words} words over the budget");
+    assert!(evidence.iter().any(|e| e["text"].as_str().unwrap().contains("sea wall")), "{resp}");
+    let steps: Vec<&str> = resp["trace"].as_array().unwrap().iter().map(|t| t["step"].as_str().unwrap()).collect();
+    assert_eq!(steps[0], "seed");
+    assert!(steps.contains(&"round"));
+
     // Delete the storm report: its chunks leave every cluster; changed clusters are summarised again.
     let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), json!({"kind":"delete","doc":"pm-2026-11-23-storm"}).to_string()).await;
     let receipt = r["receipt"].as_str().unwrap().to_string();
