@@ -401,7 +401,6 @@ impl SimilarityIndex {
     /// All live nodes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown
     /// until the worst hit falls below the bound.
     fn range_search(&self, q: &Embedding, min_cos: f32) -> Vec<Arc<str>> {
-        let live_slots = self.slots.len() - self.tombstones;
         let mut want = (2 * self.params.k).max(16);
         let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
         loop {
@@ -412,9 +411,11 @@ impl SimilarityIndex {
             } else {
                 self.hnsw.search_filter(&q.0, want, ef, Some(&filter))
             };
-            let exhausted = hits.len() < want || want >= live_slots;
-            let worst_in_range = hits.last().is_some_and(|h| 1.0 - h.distance >= min_cos - 1e-3);
-            if exhausted || !worst_in_range {
+            // hnsw_rs filters after cutting to `want`, so with tombstones a short answer is not the end of the
+            // index: only the worst hit falling out of range, or asking for every point, ends the search.
+            let exhausted = want >= self.slots.len() || (self.tombstones == 0 && hits.len() < want);
+            let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
+            if exhausted || out_of_range {
                 return hits.into_iter().filter_map(|h| self.slots[h.d_id].clone()).collect();
             }
             want *= 4;
