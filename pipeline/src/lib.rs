@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod config;
 pub mod engine;
+pub mod eval;
 pub mod http;
 pub mod metrics;
 pub mod query;

@@ -26,8 +26,10 @@ enum Command {
     Run(RunArgs),
     /// Query a running engine and print the response JSON.
     Query(QueryArgs),
-    /// Measure throughput (`engram bench ingest`).
+    /// Measure throughput (`engram bench ingest|theta|hierarchy`).
     Bench(bench::BenchArgs),
+    /// Evidence recall of retrieval on a public benchmark (`engram eval locomo --data FILE`).
+    Eval(engram::eval::EvalArgs),
 }
 
 /// timely's own flags (-w, -n, -p, -h) keep their meaning; `--help` shows help (-h is the hostfile).
@@ -141,6 +143,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Query(args) => query(args),
         Command::Bench(args) => bench::run(args),
+        Command::Eval(args) => engram::eval::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,193 @@
+//! `engram eval locomo --data FILE`: evidence recall of retrieval on LoCoMo. Every conversation is ingested into
+//! its own space through the real engine (dataflow, hierarchy, summaries), then each question of categories 1–4 is
+//! asked in every mode at budgets of 250, 500 and 1,000 words; recall is the share of the gold evidence turns
+//! (`dia_id`s) found among the layer-0 turns of the evidence.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::config::{Config, Overrides};
+use crate::engine::{self, Item, Shared};
+use crate::query::{Mode, QueryRequest};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Dataset {
+    Locomo,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    dataset: Dataset,
+    /// The LoCoMo JSON file (e.g. ../shared/data/locomo/locomo-dev.json).
+    #[arg(long)]
+    data: PathBuf,
+    /// Modes to evaluate (default: flat and prune-and-grow).
+    #[arg(long = "mode", value_parser = ["flat", "prune-and-grow"])]
+    modes: Vec<String>,
+    /// Evidence budgets in words.
+    #[arg(long, value_delimiter = ',', default_value = "250,500,1000")]
+    budgets: Vec<usize>,
+    /// Write `{"dataset","results":[{"mode","budget_words","category","n","recall"}]}` here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+struct Question {
+    space: String,
+    text: String,
+    category: u64,
+    gold: BTreeSet<String>,
+}
+
+fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
+    let data: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut records = Vec::new();
+    let mut questions = Vec::new();
+    for conv in data.as_array().ok_or_else(|| anyhow::anyhow!("{}: expected a JSON array", path.display()))? {
+        let space = conv["sample_id"].as_str().unwrap_or("conv").replace('_', "-");
+        let c = &conv["conversation"];
+        let mut turns = BTreeSet::new();
+        let mut n = 1;
+        while let Some(session) = c.get(format!("session_{n}")).and_then(Value::as_array) {
+            let when = c.get(format!("session_{n}_date_time")).cloned().unwrap_or(Value::Null);
+            for t in session {
+                let mut text = t["text"].as_str().unwrap_or("").to_string();
+                if let Some(cap) = t["blip_caption"].as_str() {
+                    text.push_str(&format!(" [shares a photo: {cap}]"));
+                }
+                let id = t["dia_id"].as_str().unwrap_or("").to_string();
+                turns.insert(id.clone());
+                records.push(json!({"space": space, "kind": "turn", "conversation": space, "turn": id,
+                                    "speaker": t["speaker"], "text": text, "ts": when}));
+            }
+            n += 1;
+        }
+        for qa in conv["qa"].as_array().into_iter().flatten() {
+            let category = qa["category"].as_u64().unwrap_or(0);
+            if !(1..=4).contains(&category) {
+                continue;
+            }
+            // A few evidence ids in the source name no turn (e.g. "D"): skipped.
+            let gold: BTreeSet<String> = qa["evidence"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.as_str())
+                .flat_map(|e| e.split(';').map(|x| x.trim().to_string()))
+                .filter(|e| turns.contains(e))
+                .collect();
+            if gold.is_empty() {
+                continue;
+            }
+            questions.push(Question { space: space.clone(), text: qa["question"].as_str().unwrap_or("").into(), category, gold });
+        }
+    }
+    Ok((records, questions))
+}
+
+pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    let (records, questions) = match args.dataset {
+        Dataset::Locomo => load_locomo(&args.data)?,
+    };
+    let dir = tempfile_dir()?;
+    let overrides = Overrides { data_dir: Some(dir.clone()), ..Overrides::default() };
+    let mut env: Vec<(String, String)> = std::env::vars().collect();
+    env.push(("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE".into(), "10ms".into()));
+    let config = Config::load(args.config.as_deref(), env, &overrides)?;
+    let shared = Shared::open(config, true)?;
+    let limits = shared.limits.clone();
+    {
+        let mut q = shared.queue.lock().expect("queue");
+        for r in &records {
+            q.items.push(Item::Record(operators::record::from_value(r.clone(), None, &limits).map_err(|e| anyhow::anyhow!("{e}"))?));
+        }
+        q.opened = Some(Instant::now());
+    }
+    let started = Instant::now();
+    let summarizer = engine::spawn_summarizer(shared.clone());
+    let ws = shared.clone();
+    let guards = timely::execute(timely::Config::thread(), move |w| engine::run_worker(w, ws.clone()))
+        .map_err(|e| anyhow::anyhow!("timely: {e}"))?;
+    // Settled: the records are in and no cluster waits for a summary (for two looks in a row).
+    let mut quiet = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of.borrow().is_some_and(|a| a >= e));
+        let pending = shared.views.read().expect("views").request_count();
+        quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
+        if quiet >= 2 {
+            break;
+        }
+    }
+    let build_seconds = started.elapsed().as_secs_f64();
+    eprintln!("ingested {} turns in {build_seconds:.1}s; {} questions", records.len(), questions.len());
+    let modes: Vec<Mode> = if args.modes.is_empty() {
+        vec![Mode::Flat, Mode::PruneAndGrow]
+    } else {
+        args.modes.iter().map(|m| if m == "flat" { Mode::Flat } else { Mode::PruneAndGrow }).collect()
+    };
+    // (mode, budget, category) → (n, recall sum)
+    let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();
+    for (i, q) in questions.iter().enumerate() {
+        if i % 100 == 0 {
+            eprintln!("question {i}/{}", questions.len());
+        }
+        for &mode in &modes {
+            for &budget in &args.budgets {
+                let k = if mode == Mode::Flat { 200 } else { 10 };
+                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k) };
+                let resp = crate::http::execute_query(&shared, &q.space, &req).map_err(|e| anyhow::anyhow!(e.message))?;
+                let mut found: BTreeSet<String> = BTreeSet::new();
+                for e in resp.evidence.iter().filter(|e| e.layer == 0) {
+                    let ids: Vec<String> = match e.source.get("nodes").and_then(Value::as_array) {
+                        Some(ns) => ns.iter().filter_map(|n| n.as_str().map(String::from)).collect(),
+                        None => vec![e.id.clone()],
+                    };
+                    found.extend(ids.into_iter().filter_map(|id| id.split_once('#').map(|(_, t)| t.to_string())));
+                }
+                let recall = q.gold.intersection(&found).count() as f64 / q.gold.len() as f64;
+                for cat in [q.category.to_string(), "all".to_string()] {
+                    let e = acc.entry((mode.as_str(), budget, cat)).or_default();
+                    e.0 += 1;
+                    e.1 += recall;
+                }
+            }
+        }
+    }
+    shared.shutdown.store(true, Ordering::Relaxed);
+    for r in guards.join() {
+        r.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
+    }
+    let _ = summarizer.join();
+    let results: Vec<Value> = acc
+        .iter()
+        .map(|((m, b, c), (n, s))| json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64}))
+        .collect();
+    println!("| mode | budget | all | cat 1 multi-hop | cat 2 temporal | cat 3 open | cat 4 single-hop |");
+    println!("|---|---|---|---|---|---|---|");
+    for &mode in &modes {
+        for &b in &args.budgets {
+            let cell = |c: &str| acc.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64));
+            println!("| {} | {b} | {} | {} | {} | {} | {} |", mode.as_str(), cell("all"), cell("1"), cell("2"), cell("3"), cell("4"));
+        }
+    }
+    if let Some(out) = args.out {
+        std::fs::write(&out, serde_json::to_string_pretty(&json!({"dataset": "locomo", "build_seconds": build_seconds, "results": results}))?)?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("engram-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -1,0 +1,32 @@
+//! `engram eval locomo` on a small LoCoMo-shaped fixture (the bundled stand-up conversation, original text): the
+//! output file has the contract's shape, skips category 5 and evidence that names no turn, and recall is a share.
+
+mod common;
+
+#[test]
+fn eval_locomo_writes_recall_by_mode_budget_and_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("eval.json");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/locomo-mini.json");
+    let status = common::engram()
+        .args(["eval", "locomo", "--data", fixture, "--budgets", "100,500", "--out"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["dataset"], "locomo");
+    let results = v["results"].as_array().unwrap();
+    let all: Vec<_> = results.iter().filter(|r| r["category"] == "all").collect();
+    assert_eq!(all.len(), 4, "two modes × two budgets");
+    for r in &all {
+        assert_eq!(r["n"], 3, "categories 1-4 with a real evidence turn: {r}");
+        let recall = r["recall"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&recall));
+    }
+    assert!(!results.iter().any(|r| r["category"] == "5"));
+    let flat500 = all.iter().find(|r| r["mode"] == "flat" && r["budget_words"] == 500).unwrap();
+    let flat100 = all.iter().find(|r| r["mode"] == "flat" && r["budget_words"] == 100).unwrap();
+    assert!(flat500["recall"].as_f64() >= flat100["recall"].as_f64(), "a larger budget never finds less");
+    assert!(flat500["recall"].as_f64().unwrap() > 0.0, "the migration question finds its turn");
+}
