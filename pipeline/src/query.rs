@@ -195,7 +195,8 @@ pub fn prune_and_grow(
         run.push((s, n));
     }
     flush(&mut run, &mut items);
-    items.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    // The source text first, best first; summaries (navigation, not evidence of their own) fill what budget is left.
+    items.sort_by(|a, b| (a.1.layer > 0).cmp(&(b.1.layer > 0)).then(b.0.total_cmp(&a.0)).then_with(|| a.1.id.cmp(&b.1.id)));
     let mut out = Vec::new();
     let mut words = 0;
     for (_, mut e) in items {
