@@ -242,30 +242,40 @@ impl Shared {
         if q.items.len() + accepted.len() > self.queue_cap() && !accepted.is_empty() {
             return Err(IngestError::Overloaded(q.items.len()));
         }
+        let logged: Vec<LoggedRecord> = accepted
+            .iter()
+            .map(|(_, v)| {
+                let mut v = v.clone();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.remove("space");
+                }
+                LoggedRecord { epoch: 0, space: space.to_string(), record: v, source: None, offset: None }
+            })
+            .collect();
+        let n = accepted.len();
+        self.metrics.records_in.with_label_values(&["http"]).inc_by(n as u64);
+        let items = accepted.into_iter().map(|(r, _)| Item::Record(r)).chain(rejects.into_iter().map(Item::Reject));
+        let epoch = self.log_and_queue(&mut q, logged, items.collect())?;
+        Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected })
+    }
+
+    /// Appends `logged` to the input log (one fsync), stamped with the open epoch, then queues `items` at that
+    /// epoch: what is queued is durable first. Returns the epoch.
+    fn log_and_queue(&self, q: &mut Queue, mut logged: Vec<LoggedRecord>, items: Vec<Item>) -> std::io::Result<u64> {
         let epoch = q.open_epoch;
-        if !accepted.is_empty() {
-            let logged: Vec<LoggedRecord> = accepted
-                .iter()
-                .map(|(_, v)| {
-                    let mut v = v.clone();
-                    if let Some(obj) = v.as_object_mut() {
-                        obj.remove("space");
-                    }
-                    LoggedRecord { epoch, space: space.to_string(), record: v, source: None, offset: None }
-                })
-                .collect();
+        if !logged.is_empty() {
+            for l in &mut logged {
+                l.epoch = epoch;
+            }
             let t = Instant::now();
             self.input_log.lock().expect("log lock").append(&logged)?;
             self.metrics.input_log_fsync.observe(t.elapsed().as_secs_f64());
         }
-        let n = accepted.len();
-        self.metrics.records_in.with_label_values(&["http"]).inc_by(n as u64);
-        if n > 0 || !rejects.is_empty() {
+        if !items.is_empty() {
             q.opened.get_or_insert_with(Instant::now);
+            q.items.extend(items);
         }
-        q.items.extend(accepted.into_iter().map(|(r, _)| Item::Record(r)));
-        q.items.extend(rejects.into_iter().map(Item::Reject));
-        Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected })
+        Ok(epoch)
     }
 
     /// A batch from a source: rejects are dead-lettered; the rest are appended to the input log with their
@@ -308,15 +318,7 @@ impl Shared {
         }
         self.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
         let mut q = self.queue.lock().expect("queue lock");
-        for l in &mut logged {
-            l.epoch = q.open_epoch;
-        }
-        let t = Instant::now();
-        self.input_log.lock().expect("log lock").append(&logged)?;
-        self.metrics.input_log_fsync.observe(t.elapsed().as_secs_f64());
-        q.opened.get_or_insert_with(Instant::now);
-        q.items.extend(items);
-        Ok(())
+        self.log_and_queue(&mut q, logged, items).map(|_| ())
     }
 
     /// Takes the open epoch's items if it is due: old enough, full enough, or shutting down.
