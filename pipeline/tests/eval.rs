@@ -30,3 +30,25 @@ fn eval_locomo_writes_recall_by_mode_budget_and_category() {
     assert!(flat500["recall"].as_f64() >= flat100["recall"].as_f64(), "a larger budget never finds less");
     assert!(flat500["recall"].as_f64().unwrap() > 0.0, "the migration question finds its turn");
 }
+
+#[test]
+fn bad_eval_data_and_bad_asks_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"not\": \"a list\"}").unwrap();
+    let out = common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a JSON array"), "{out:?}");
+    std::fs::write(&bad, "[{\"sample_id\": ").unwrap();
+    let out = common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
+
+    let out = common::engram()
+        .args(["run", "--once", "--ask", "no-colon-here", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected SPACE:QUESTION"), "{out:?}");
+}
