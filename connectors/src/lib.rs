@@ -1,6 +1,7 @@
 //! engram's I/O: sources, the durable input log, the dead-letter sink.
 
 pub mod dead_letter;
+pub mod embedders;
 pub mod file_source;
 pub mod input_log;
 pub mod llm;

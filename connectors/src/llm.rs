@@ -57,26 +57,32 @@ pub struct LlmMetrics {
 }
 
 impl LlmMetrics {
+    /// `engram_llm_*`.
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+        Self::with_prefix(registry, "engram_llm", "LLM")
+    }
+
+    /// The same family under another prefix: `engram_embedder_*` for the OpenAI-compatible embedder.
+    pub fn with_prefix(registry: &Registry, prefix: &str, what: &str) -> prometheus::Result<Self> {
         let m = LlmMetrics {
             requests: IntCounterVec::new(
-                Opts::new("engram_llm_requests_total", "LLM requests by stage and outcome (logged responses are not requests)"),
+                Opts::new(format!("{prefix}_requests_total"), format!("{what} requests by stage and outcome (logged responses are not requests)")),
                 &["stage", "outcome"],
             )?,
             tokens: IntCounterVec::new(
-                Opts::new("engram_llm_tokens_total", "LLM tokens by stage and direction (prompt, completion)"),
+                Opts::new(format!("{prefix}_tokens_total"), format!("{what} tokens by stage and direction (prompt, completion)")),
                 &["stage", "direction"],
             )?,
             duration: HistogramVec::new(
-                HistogramOpts::new("engram_llm_request_duration_seconds", "LLM request latency by stage (one attempt)")
+                HistogramOpts::new(format!("{prefix}_request_duration_seconds"), format!("{what} request latency by stage (one attempt)"))
                     .buckets(prometheus::exponential_buckets(0.001, 3.0, 12)?),
                 &["stage"],
             )?,
             rate_limited_waits: IntCounter::new(
-                "engram_llm_rate_limited_waits_total",
+                format!("{prefix}_rate_limited_waits_total"),
                 "Requests that waited for the requests- or tokens-per-minute budget",
             )?,
-            inflight: IntGauge::new("engram_llm_inflight", "LLM requests in flight")?,
+            inflight: IntGauge::new(format!("{prefix}_inflight"), format!("{what} requests in flight"))?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.tokens.clone()))?;
@@ -183,25 +189,76 @@ impl OpenAiClient {
             ResponseFormat::JsonSchema => json!({"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": true}}),
             ResponseFormat::JsonObject => json!({"type": "json_object"}),
         };
-        let prompt_tokens = messages.iter().map(|m| estimate_tokens(m["content"].as_str().unwrap_or(""))).sum::<u32>()
-            + self.cfg.max_tokens;
-        let url = format!("{}/chat/completions", self.cfg.base_url.trim_end_matches('/'));
+        let prompt_tokens = messages.iter().map(|m| estimate_tokens(m["content"].as_str().unwrap_or(""))).sum::<u32>();
+        self.post(stage, "chat/completions", &body, prompt_tokens, self.cfg.max_tokens, |v| {
+            let content = v["choices"][0]["message"]["content"].as_str().ok_or("no choices[0].message.content")?.to_string();
+            let completion = estimate_tokens(&content);
+            Ok((content, completion))
+        })
+        .await
+    }
+
+    /// `POST {base}/embeddings` for a batch of texts: one vector per input, in input order (the reply's `index`
+    /// decides the order, as the API allows any).
+    pub async fn embeddings(&self, stage: &str, texts: &[&str]) -> Result<Vec<Vec<f32>>, LlmError> {
+        let body = json!({"model": self.cfg.model, "input": texts, "encoding_format": "float"});
+        let tokens = texts.iter().map(|t| estimate_tokens(t)).sum::<u32>();
+        let n = texts.len();
+        self.post(stage, "embeddings", &body, tokens, 0, move |v| {
+            let data = v["data"].as_array().ok_or("no `data` array")?;
+            if data.len() != n {
+                return Err(format!("{} embeddings for {n} inputs", data.len()));
+            }
+            let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+            for (pos, item) in data.iter().enumerate() {
+                let i = item["index"].as_u64().map(|i| i as usize).unwrap_or(pos);
+                let vec = item["embedding"].as_array().ok_or("an item without an `embedding` array")?;
+                let vec: Vec<f32> =
+                    vec.iter().map(|x| x.as_f64().map(|f| f as f32).ok_or("a non-number in an embedding")).collect::<Result<_, _>>()?;
+                *out.get_mut(i).ok_or("an `index` out of range")? = Some(vec);
+            }
+            let out: Vec<Vec<f32>> = out.into_iter().collect::<Option<_>>().ok_or("an input without an embedding")?;
+            Ok((out, 0))
+        })
+        .await
+    }
+
+    /// One request with the whole budget: waits for the requests- and tokens-per-minute limits and a slot in flight,
+    /// retries what can be retried, counts requests, tokens and latency under `stage`. `extract` reads the reply (a
+    /// reply it rejects is retried: a 200 of the wrong shape is the server's fault and may be transient) and returns
+    /// the completion-token estimate used when the reply carries no `usage`.
+    async fn post<R>(
+        &self,
+        stage: &str,
+        path: &str,
+        body: &Value,
+        prompt_tokens: u32,
+        max_completion: u32,
+        extract: impl Fn(&Value) -> Result<(R, u32), String>,
+    ) -> Result<R, LlmError> {
+        let url = format!("{}/{path}", self.cfg.base_url.trim_end_matches('/'));
         let mut attempt = 0u32;
         loop {
-            self.wait_for_budget(prompt_tokens).await;
+            self.wait_for_budget(prompt_tokens.saturating_add(max_completion)).await;
             let _permit = self.inflight.acquire().await.map_err(|e| LlmError::Service(e.to_string()))?;
             self.metrics.inflight.inc();
             let started = Instant::now();
-            let result = self.send(&url, &body).await;
+            let result = self.send(&url, body).await.and_then(|(v, text)| {
+                let usage = (v["usage"]["prompt_tokens"].as_u64(), v["usage"]["completion_tokens"].as_u64());
+                extract(&v)
+                    .map(|(r, completion)| (r, usage.0.unwrap_or(u64::from(prompt_tokens)), usage.1.unwrap_or(u64::from(completion))))
+                    .map_err(|why| Attempt::Retryable { why: format!("{why} in {}", snippet(&text)), retry_after: None })
+            });
             self.metrics.inflight.dec();
             self.metrics.duration.with_label_values(&[stage]).observe(started.elapsed().as_secs_f64());
             match result {
-                Ok((content, usage)) => {
+                Ok((r, p, c)) => {
                     self.metrics.requests.with_label_values(&[stage, "ok"]).inc();
-                    let (p, c) = usage.unwrap_or((u64::from(prompt_tokens - self.cfg.max_tokens), u64::from(estimate_tokens(&content))));
                     self.metrics.tokens.with_label_values(&[stage, "prompt"]).inc_by(p);
-                    self.metrics.tokens.with_label_values(&[stage, "completion"]).inc_by(c);
-                    return Ok(content);
+                    if c > 0 {
+                        self.metrics.tokens.with_label_values(&[stage, "completion"]).inc_by(c);
+                    }
+                    return Ok(r);
                 }
                 Err(Attempt::Fatal(why)) => {
                     self.metrics.requests.with_label_values(&[stage, "error"]).inc();
@@ -216,7 +273,7 @@ impl OpenAiClient {
                     let backoff = self.cfg.backoff.saturating_mul(1 << attempt.min(16));
                     let jitter = backoff.mul_f64(rand::random::<f64>() * 0.5);
                     let wait = retry_after.unwrap_or_default().max(backoff + jitter);
-                    tracing::debug!(stage, attempt, ?wait, why, "LLM request failed; retrying");
+                    tracing::debug!(stage, attempt, ?wait, why, "request failed; retrying");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
@@ -241,7 +298,7 @@ impl OpenAiClient {
         }
     }
 
-    async fn send(&self, url: &str, body: &Value) -> Result<(String, Option<(u64, u64)>), Attempt> {
+    async fn send(&self, url: &str, body: &Value) -> Result<(Value, String), Attempt> {
         let mut req = self.http.post(url).json(body);
         if let Some(key) = &self.cfg.api_key {
             req = req.bearer_auth(key);
@@ -264,15 +321,10 @@ impl OpenAiClient {
         if !status.is_success() {
             return Err(Attempt::Fatal(format!("HTTP {status}: {}", snippet(&text))));
         }
-        // A 200 whose body is not a chat completion is the server's fault, and may be transient.
+        // A 200 whose body is not JSON is the server's fault, and may be transient.
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Attempt::Retryable { why: format!("malformed response body: {e}"), retry_after: None })?;
-        let content = v["choices"][0]["message"]["content"]
-            .as_str()
-            .ok_or_else(|| Attempt::Retryable { why: format!("no choices[0].message.content in {}", snippet(&text)), retry_after: None })?
-            .to_string();
-        let usage = v["usage"]["prompt_tokens"].as_u64().zip(v["usage"]["completion_tokens"].as_u64());
-        Ok((content, usage))
+        Ok((v, text))
     }
 }
 
