@@ -16,8 +16,10 @@ use crate::model::{Edge, Embedding, Node};
 use crate::similarity::{to_edges, SimilarityIndex, SimilarityParams};
 
 /// Embeds every node. Nodes are spread over the workers by id (embedding is the costly, embarrassingly parallel
-/// part of ingest), and each container of updates is embedded as one batch. Retractions are embedded again rather
-/// than looked up: the embedder is deterministic, so they cancel their insertions exactly.
+/// part of ingest), and each container of updates is embedded as one batch. For a bit-exact embedder retractions are
+/// embedded again (they cancel their insertions exactly); for one whose vectors depend on the batch (a neural model)
+/// the operator remembers the vector of every live (space, node, text) and retracts exactly that one — so a deleted
+/// or replaced node always cancels, and a retraction costs no inference.
 pub fn embed_nodes<'s, T>(
     nodes: VecCollection<'s, T, (String, Node)>,
     embedder: Arc<dyn Embedder>,
@@ -26,17 +28,62 @@ where
     T: Timestamp + TotalOrder,
 {
     let pact = Exchange::new(|u: &((String, Node), T, isize)| fnv1a((u.0).1.id.as_bytes()));
+    let remember = !embedder.bit_exact();
     nodes
         .inner
         .unary(pact, "EmbedNodes", move |_cap, _info| {
+            // (space, id, text hash) → (vector, multiplicity), only when `remember`.
+            let mut live: HashMap<(String, String, u64), (Embedding, isize)> = HashMap::new();
             move |input, output| {
                 input.for_each(|cap, data| {
                     let texts: Vec<String> = data.iter().map(|((_, n), _, _)| n.embedding_text()).collect();
-                    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-                    let embs = embedder.embed_batch(&refs);
+                    if !remember {
+                        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                        let embs = embedder.embed_batch(&refs);
+                        let mut session = output.session(&cap);
+                        for (((space, node), t, d), e) in data.drain(..).zip(embs) {
+                            session.give(((space, node, e), t, d));
+                        }
+                        return;
+                    }
+                    let keys: Vec<(String, String, u64)> = data
+                        .iter()
+                        .zip(&texts)
+                        .map(|(((s, n), _, _), text)| (s.clone(), n.id.clone(), fnv1a(text.as_bytes())))
+                        .collect();
+                    // Insertions first, so a retraction in the same container finds its vector.
+                    let mut order: Vec<usize> = (0..data.len()).collect();
+                    order.sort_by_key(|&i| std::cmp::Reverse(data[i].2 > 0));
+                    let need: Vec<usize> = order.iter().copied().filter(|&i| !live.contains_key(&keys[i])).collect();
+                    let mut fresh: HashMap<usize, Embedding> = {
+                        let refs: Vec<&str> = need.iter().map(|&i| texts[i].as_str()).collect();
+                        need.iter().copied().zip(embedder.embed_batch(&refs)).collect()
+                    };
+                    let mut out: Vec<Option<Embedding>> = vec![None; data.len()];
+                    for &i in &order {
+                        let d = data[i].2;
+                        let e = match live.get_mut(&keys[i]) {
+                            Some((e, count)) => {
+                                *count += d;
+                                let e = e.clone();
+                                if *count == 0 {
+                                    live.remove(&keys[i]);
+                                }
+                                e
+                            }
+                            None => {
+                                let e = fresh.remove(&i).unwrap_or_else(|| embedder.embed(&texts[i]));
+                                if d != 0 {
+                                    live.insert(keys[i].clone(), (e.clone(), d));
+                                }
+                                e
+                            }
+                        };
+                        out[i] = Some(e);
+                    }
                     let mut session = output.session(&cap);
-                    for (((space, node), t, d), e) in data.drain(..).zip(embs) {
-                        session.give(((space, node, e), t, d));
+                    for (((space, node), t, d), e) in data.drain(..).zip(out) {
+                        session.give(((space, node, e.expect("every update embedded")), t, d));
                     }
                 });
             }

@@ -11,6 +11,12 @@ pub trait Embedder: Send + Sync {
     fn embed(&self, text: &str) -> Embedding {
         self.embed_batch(&[text]).pop().unwrap_or_default()
     }
+    /// Whether a text gets the same bits whatever batch it is embedded in. A model whose vectors depend on the
+    /// batch (padding, kernel blocking) says `false`, and the dataflow then retracts exactly the vector it inserted
+    /// (it remembers the vectors of live nodes) instead of embedding the text again.
+    fn bit_exact(&self) -> bool {
+        true
+    }
 }
 
 /// Feature-hashed word unigrams and bigrams with sublinear term frequency (1 + ln tf), signed hashing to cancel

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use differential_dataflow::input::Input;
@@ -25,6 +25,8 @@ pub enum BenchName {
     /// Incremental cost of inserting batches into a memory (similarity graph, hierarchy, summaries) against a
     /// from-scratch build.
     Hierarchy,
+    /// Embeddings per second of the `hash` embedder and, with `--model-dir`, the `local` one, on the inputs' chunks.
+    Embed,
 }
 
 #[derive(Args)]
@@ -51,6 +53,9 @@ pub struct BenchArgs {
     /// hierarchy: batch sizes (chunks) to insert.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,500")]
     batches: Vec<usize>,
+    /// embed: a local model directory (config.json, model.safetensors, tokenizer.json) to measure too.
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -59,7 +64,50 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchName::Ingest => ingest(&args, &config),
         BenchName::Theta => theta(&args, &config),
         BenchName::Hierarchy => hierarchy_bench(&args, &config),
+        BenchName::Embed => embed_bench(&args, &config),
     }
+}
+
+/// The configured embedder (`theta` calibrates for it); an `openai` one logs into a temporary directory.
+fn config_embedder(config: &Config) -> anyhow::Result<Arc<dyn Embedder>> {
+    let dir = std::env::temp_dir().join(format!("engram-bench-{}", std::process::id()));
+    crate::engine::make_embedder(config, &crate::metrics::Metrics::new(), &dir)
+}
+
+fn embed_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    let texts: Vec<String> = load_nodes(args, config)?.into_iter().filter(|d| d.2 > 0).map(|d| d.1.embedding_text()).collect();
+    anyhow::ensure!(!texts.is_empty(), "no chunks in the inputs");
+    let words = texts.iter().map(|t| t.split_whitespace().count()).sum::<usize>() as f64 / texts.len() as f64;
+    let mut embedders: Vec<(&str, usize, Arc<dyn Embedder>)> = vec![("hash", 0, Arc::new(HashEmbedder::new(config.embedder.dim)))];
+    #[cfg(feature = "local-embedder")]
+    if let Some(dir) = &args.model_dir {
+        for batch in [1usize, 8, 32] {
+            let e = connectors::embedders::LocalEmbedder::load(dir, batch).map_err(|e| anyhow::anyhow!(e))?;
+            embedders.push(("local", batch, Arc::new(e)));
+        }
+    }
+    #[cfg(not(feature = "local-embedder"))]
+    anyhow::ensure!(args.model_dir.is_none(), "--model-dir: built without the local-embedder feature");
+    for (kind, batch, e) in embedders {
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let started = Instant::now();
+        let mut n = 0usize;
+        // At least two seconds and one pass over the texts.
+        while n < refs.len() || started.elapsed() < Duration::from_secs(2) {
+            let step = if kind == "hash" { refs.len() } else { refs.len().min(64) };
+            let from = n % refs.len();
+            let slice = &refs[from..(from + step).min(refs.len())];
+            let _ = e.embed_batch(slice);
+            n += slice.len();
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let row = serde_json::json!({
+            "bench": "embed", "embedder": kind, "batch": batch, "dim": e.dim(), "texts": n,
+            "mean_words": words, "seconds": secs, "embeddings_per_second": n as f64 / secs,
+        });
+        println!("{}", if args.json { row.to_string() } else { format!("{kind:>5} batch {batch:>2}: {:>9.1} embeddings/s ({n} texts of {words:.0} words on average, {secs:.1} s, dim {})", n as f64 / secs, e.dim()) });
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn load_nodes(args: &BenchArgs, config: &Config) -> anyhow::Result<Vec<(String, Node, isize)>> {
@@ -185,13 +233,13 @@ fn run_dataflow(deltas: &[(String, Node, isize)], params: &SimilarityParams, dim
 /// edges per node of the resulting graph (exact, brute force).
 fn theta(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let deltas = load_nodes(args, config)?;
-    let embedder = HashEmbedder::new(config.embedder.dim);
+    let embedder = config_embedder(config)?;
+    let live: Vec<(String, Node)> = deltas.into_iter().filter(|d| d.2 > 0).map(|(s, n, _)| (s, n)).collect();
+    let texts: Vec<String> = live.iter().map(|(_, n)| n.embedding_text()).collect();
+    let vectors = embedder.embed_batch(&texts.iter().map(String::as_str).collect::<Vec<_>>());
     let mut by_space: std::collections::BTreeMap<String, Vec<(Node, operators::Embedding)>> = Default::default();
-    for (s, n, d) in deltas {
-        if d > 0 {
-            let e = embedder.embed(&n.embedding_text());
-            by_space.entry(s).or_default().push((n, e));
-        }
+    for ((s, n), e) in live.into_iter().zip(vectors) {
+        by_space.entry(s).or_default().push((n, e));
     }
     let pct = |v: &mut Vec<f32>, p: f64| -> f32 {
         if v.is_empty() {

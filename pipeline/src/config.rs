@@ -52,10 +52,21 @@ pub enum EmbedderKind {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct EmbedderConfig {
     pub kind: EmbedderKind,
+    /// Dimension of the hash embedder (the others have their model's).
     pub dim: usize,
+    /// `local`: a directory with config.json, model.safetensors, tokenizer.json (scripts/fetch-model.sh).
     pub model_dir: String,
+    /// `openai`: up to and including /v1.
     pub base_url: String,
     pub model: String,
+    /// `openai`: empty means the OPENAI_API_KEY environment variable, if set.
+    pub api_key: String,
+    /// Texts per forward pass (`local`) or per request (`openai`).
+    pub batch: usize,
+    pub requests_per_minute: u32,
+    pub tokens_per_minute: u32,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -213,11 +224,29 @@ impl Config {
         if !(8..=65536).contains(&self.embedder.dim) {
             errs.push(format!("embedder.dim = {} must be in 8..=65536", self.embedder.dim));
         }
-        if self.embedder.kind != EmbedderKind::Hash {
-            errs.push(format!(
-                "embedder.kind = {:?}: only \"hash\" is available in this build (local and openai embedders are tracked by the LLM and embedding connectors issue)",
-                self.embedder.kind
-            ));
+        let e = &self.embedder;
+        match e.kind {
+            EmbedderKind::Hash => {}
+            EmbedderKind::Local => {
+                if !cfg!(feature = "local-embedder") {
+                    errs.push("embedder.kind = \"local\": this binary was built without the local-embedder feature".into());
+                } else if e.model_dir.is_empty() {
+                    errs.push("embedder.model-dir must name the model directory when embedder.kind = \"local\" (scripts/fetch-model.sh fetches one)".into());
+                } else if !std::path::Path::new(&e.model_dir).join("model.safetensors").is_file() {
+                    errs.push(format!("embedder.model-dir = {:?} has no model.safetensors (scripts/fetch-model.sh fetches one)", e.model_dir));
+                }
+            }
+            EmbedderKind::Openai => {
+                if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
+                    errs.push(format!("embedder.base-url = {:?} must be an http(s) URL up to /v1 when embedder.kind = \"openai\"", e.base_url));
+                }
+                if e.model.is_empty() {
+                    errs.push("embedder.model must be set when embedder.kind = \"openai\"".into());
+                }
+            }
+        }
+        if e.batch == 0 || e.requests_per_minute == 0 || e.tokens_per_minute == 0 || e.timeout.is_zero() {
+            errs.push("embedder.batch, embedder.requests-per-minute, embedder.tokens-per-minute and embedder.timeout must be positive".into());
         }
         if self.llm.backend == LlmBackend::Openai {
             if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {

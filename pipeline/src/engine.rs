@@ -119,9 +119,49 @@ pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Ll
     })
 }
 
-pub fn make_embedder(config: &Config) -> Arc<dyn Embedder> {
-    // Validation admits only `hash` for now.
-    Arc::new(HashEmbedder::new(config.embedder.dim))
+/// The configured embedder, counted. `openai` vectors are logged in `dir/embeddings.log`.
+pub fn make_embedder(config: &Config, metrics: &Metrics, dir: &std::path::Path) -> anyhow::Result<Arc<dyn Embedder>> {
+    use crate::config::EmbedderKind;
+    use connectors::embedders::{Instrumented, OpenAiEmbedder};
+    use connectors::llm::{OpenAiClient, OpenAiConfig, ResponseFormat};
+    let e = &config.embedder;
+    let (inner, kind): (Arc<dyn Embedder>, &'static str) = match e.kind {
+        EmbedderKind::Hash => (Arc::new(HashEmbedder::new(e.dim)), "hash"),
+        #[cfg(feature = "local-embedder")]
+        EmbedderKind::Local => {
+            let m = connectors::embedders::LocalEmbedder::load(std::path::Path::new(&e.model_dir), e.batch)
+                .map_err(|err| anyhow::anyhow!("embedder.model-dir: {err}"))?;
+            (Arc::new(m), "local")
+        }
+        #[cfg(not(feature = "local-embedder"))]
+        EmbedderKind::Local => anyhow::bail!("embedder.kind = \"local\": built without the local-embedder feature"),
+        EmbedderKind::Openai => {
+            let api_key = Some(e.api_key.clone())
+                .filter(|k| !k.is_empty())
+                .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()));
+            let client = OpenAiClient::new(
+                OpenAiConfig {
+                    base_url: e.base_url.clone(),
+                    model: e.model.clone(),
+                    api_key,
+                    requests_per_minute: e.requests_per_minute,
+                    tokens_per_minute: e.tokens_per_minute,
+                    max_in_flight: 2,
+                    timeout: e.timeout,
+                    max_retries: 5,
+                    response_format: ResponseFormat::JsonObject,
+                    max_tokens: 0,
+                    backoff: Duration::from_millis(500),
+                },
+                metrics.embedder_requests.clone(),
+            )
+            .map_err(|err| anyhow::anyhow!(err))?;
+            let m = OpenAiEmbedder::new(client, &dir.join("embeddings.log"), e.batch, Some(metrics.embedder.clone()))
+                .map_err(|err| anyhow::anyhow!("embedder: {err}"))?;
+            (Arc::new(m), "openai")
+        }
+    };
+    Ok(Arc::new(Instrumented::new(inner, kind, metrics.embedder.clone())))
 }
 
 impl Shared {
@@ -143,6 +183,7 @@ impl Shared {
         let input_log = InputLog::open(&log_path)?;
         let metrics = Metrics::new();
         let llm = make_llm(&config, &metrics)?;
+        let embedder = make_embedder(&config, &metrics, &dir)?;
         // Logged responses of the configured model are inputs like records: no call is made for them again.
         let responses_path = dir.join("responses.log");
         let responses = ResponseLog::replay(&responses_path)?;
@@ -181,7 +222,7 @@ impl Shared {
         let open_epoch = max_epoch.unwrap_or(0);
         let opened = (!items.is_empty()).then(Instant::now);
         Ok(Arc::new(Shared {
-            embedder: make_embedder(&config),
+            embedder,
             limits,
             queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0 }),
             resume,
@@ -451,10 +492,7 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(errors.map(ViewUpdate::Error))
             .concat(h.clusters.map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m)))
             .concat(h.edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
-            .concat(sm.texts.map(move |((s, c), (l, t))| {
-                let e = embedder.embed(&t);
-                ViewUpdate::Summary(s, l, c, t, e)
-            }))
+            .concat(sm.texts.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
             .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
@@ -479,7 +517,7 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             {
                 let mut views = shared.views.write().expect("views lock");
                 for t in ready {
-                    views.apply(pending.remove(&t).expect("ready time"));
+                    views.apply_with(pending.remove(&t).expect("ready time"), &|text| embedder.embed(text));
                 }
                 views.as_of = as_of.max(views.as_of);
                 shared.metrics.nodes.set(views.node_count() as i64);

@@ -18,6 +18,10 @@ pub struct Metrics {
     pub clusters: IntGauge,
     pub summary_backlog: IntGauge,
     pub llm: connectors::llm::LlmMetrics,
+    /// The OpenAI-compatible embedder's requests (`engram_embedder_requests_total{stage,outcome}`, …).
+    pub embedder_requests: connectors::llm::LlmMetrics,
+    /// Every embedder's texts and batch latency.
+    pub embedder: connectors::embedders::EmbedderMetrics,
     pub input_log_fsync: Histogram,
 }
 
@@ -71,6 +75,9 @@ impl Metrics {
         )
         .expect("metric");
         let llm = connectors::llm::LlmMetrics::new(&registry).expect("LLM metrics");
+        let embedder_requests =
+            connectors::llm::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
+        let embedder = connectors::embedders::EmbedderMetrics::new(&registry).expect("embedder metrics");
         for m in [
             Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(summary_backlog.clone()),
@@ -105,6 +112,8 @@ impl Metrics {
             clusters,
             summary_backlog,
             llm,
+            embedder_requests,
+            embedder,
         }
     }
 

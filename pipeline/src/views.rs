@@ -18,7 +18,8 @@ pub enum ViewUpdate {
     /// `(space, layer, u, v, weight)`: an edge of layer ≥ 1.
     LayerEdge(String, u32, String, String, u64),
     /// `(space, layer, cluster, summary, embedding)`.
-    Summary(String, u32, String, String, Embedding),
+    /// (space, layer, cluster, text): embedded when applied, once per inserted summary.
+    Summary(String, u32, String, String),
     /// A cluster waiting for its summary: `(space, layer, cluster, content hash, members and texts)`.
     Request(String, u32, String, String, Vec<(String, String)>),
 }
@@ -78,7 +79,13 @@ pub struct Views {
 
 impl Views {
     /// Applies the updates of one epoch: retractions before insertions, so that a replaced node ends up replaced.
-    pub fn apply(&mut self, mut updates: Vec<(ViewUpdate, isize)>) {
+    pub fn apply(&mut self, updates: Vec<(ViewUpdate, isize)>) {
+        self.apply_with(updates, &|_| Embedding::default())
+    }
+
+    /// Applies one epoch's updates; `embed` gives the vectors of inserted summaries (embedded here, after the
+    /// epoch is consolidated, so a summary that came and went within the epoch costs nothing and cancels exactly).
+    pub fn apply_with(&mut self, mut updates: Vec<(ViewUpdate, isize)>, embed: &dyn Fn(&str) -> Embedding) {
         // Consolidate first: within an epoch an update may arrive as +1 and -1 (a request answered in the epoch
         // that made it), which must cancel, not apply in diff order.
         differential_dataflow::consolidation::consolidate(&mut updates);
@@ -155,9 +162,10 @@ impl Views {
                         }
                     }
                 }
-                ViewUpdate::Summary(space, layer, c, text, emb) => {
+                ViewUpdate::Summary(space, layer, c, text) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
+                        let emb = embed(&text);
                         let cv = view.clusters.entry(c).or_default();
                         cv.layer = layer;
                         cv.summary = Some((text, emb));
