@@ -6,6 +6,7 @@
 pub mod chunk;
 pub mod dataflow;
 pub mod embed;
+pub mod events;
 pub mod hierarchy;
 pub mod hash;
 pub mod ingest;

@@ -9,6 +9,9 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 use crate::embed::words;
+use crate::events::{
+    extractive_relations, extractive_segments, EventDraft, EventIn, RelationDraft, SegmentParams, TurnIn,
+};
 use crate::hash::fnv1a;
 
 /// Why a summary could not be made. Whose fault it is decides whether a retry can help.
@@ -27,6 +30,11 @@ pub trait Llm: Send + Sync {
     fn model(&self) -> &str;
     /// Summarises the texts of one cluster into one passage.
     fn summarize(&self, texts: &[&str]) -> Result<String, LlmError>;
+    /// Segments a conversation's turns (in order) into events: every turn in exactly one event, events of
+    /// consecutive turns, in order.
+    fn segment(&self, turns: &[TurnIn]) -> Result<Vec<EventDraft>, LlmError>;
+    /// Types the relations among events (in time order).
+    fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError>;
 }
 
 /// The built-in extractive backend.
@@ -48,6 +56,14 @@ impl Llm for Extractive {
 
     fn summarize(&self, texts: &[&str]) -> Result<String, LlmError> {
         Ok(extractive_summary(texts, self.max_words))
+    }
+
+    fn segment(&self, turns: &[TurnIn]) -> Result<Vec<EventDraft>, LlmError> {
+        Ok(extractive_segments(turns, &SegmentParams { summary_words: self.max_words, ..SegmentParams::default() }))
+    }
+
+    fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError> {
+        Ok(extractive_relations(events))
     }
 }
 

@@ -1,0 +1,275 @@
+//! CompassMem's two LLM stages as entry points of the [`Llm`](crate::summary::Llm) trait — segmenting a conversation's
+//! turns into *events*, and typing the *relations* between events — with the extractive backend's answers (no model):
+//!
+//! * **segmentation**: a new event starts at a time gap (`time_gap_secs` between two stamped turns), at a topic shift
+//!   (the turn's hash-embedding cosine with the running event below `shift_below`, once the event has `min_turns`),
+//!   or when the event reaches `max_turns`. Each event gets an extractive summary, its speakers (people) and the time
+//!   of its first stamped turn;
+//! * **relations**: `temporal` between consecutive events of one conversation; `causal` and `motivation` when an
+//!   event's text carries a cue phrase ("because", "so", "as a result" … / "in order to", "wants to", "plans to" …)
+//!   and shares content words with an earlier event; `shared-participants` when two non-adjacent events have a
+//!   speaker in common and share content words.
+//!
+//! A baseline, documented as one: it cannot see causality a cue phrase does not state. Deterministic, so a replay
+//! gives the same events without the response log.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::embed::{words, Embedder, HashEmbedder};
+use crate::summary::extractive_summary;
+
+/// One turn as the segmenter sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnIn {
+    pub id: String,
+    pub speaker: String,
+    pub text: String,
+    /// RFC 3339, when the record had one.
+    pub ts: Option<String>,
+}
+
+/// An event: consecutive turns (indices into the segmenter's input), a summary, its people and time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventDraft {
+    pub turns: Vec<usize>,
+    pub summary: String,
+    pub people: Vec<String>,
+    pub time: Option<String>,
+}
+
+/// The relation types of the event graph (CompassMem's logic map).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RelationKind {
+    Temporal,
+    Causal,
+    Motivation,
+    PartOf,
+    SharedParticipants,
+}
+
+impl RelationKind {
+    pub const ALL: [RelationKind; 5] = [
+        RelationKind::Temporal,
+        RelationKind::Causal,
+        RelationKind::Motivation,
+        RelationKind::PartOf,
+        RelationKind::SharedParticipants,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RelationKind::Temporal => "temporal",
+            RelationKind::Causal => "causal",
+            RelationKind::Motivation => "motivation",
+            RelationKind::PartOf => "part-of",
+            RelationKind::SharedParticipants => "shared-participants",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RelationKind> {
+        RelationKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// An event as the relation stage sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventIn {
+    pub id: String,
+    pub summary: String,
+    pub people: Vec<String>,
+    pub time: Option<String>,
+}
+
+/// A typed, directed relation between two events of the input (indices): `from` relates to `to` as `kind`
+/// (`from` caused `to`, `from` happened before `to`, …).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RelationDraft {
+    pub from: usize,
+    pub to: usize,
+    pub kind: RelationKind,
+}
+
+#[derive(Clone, Debug)]
+pub struct SegmentParams {
+    pub time_gap_secs: i64,
+    pub shift_below: f32,
+    pub min_turns: usize,
+    pub max_turns: usize,
+    pub summary_words: usize,
+}
+
+impl Default for SegmentParams {
+    fn default() -> Self {
+        SegmentParams { time_gap_secs: 30 * 60, shift_below: 0.05, min_turns: 3, max_turns: 8, summary_words: 60 }
+    }
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC-ish stamp (`YYYY-MM-DDTHH:MM:SS…`); offsets are ignored, which is
+/// enough to find gaps inside one conversation.
+pub fn seconds(ts: &str) -> Option<i64> {
+    let b = ts.as_bytes();
+    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b' ') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+/// The extractive segmentation of `turns` (in conversation order).
+pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraft> {
+    let embedder = HashEmbedder::new(256);
+    let vecs = embedder.embed_batch(&turns.iter().map(|t| t.text.as_str()).collect::<Vec<_>>());
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut centroid: Vec<f32> = Vec::new();
+    let mut last_time: Option<i64> = None;
+    for (i, t) in turns.iter().enumerate() {
+        let time = t.ts.as_deref().and_then(seconds);
+        let start = match groups.last() {
+            None => true,
+            Some(g) => {
+                let gap = matches!((last_time, time), (Some(a), Some(b)) if b - a >= p.time_gap_secs);
+                let norm = centroid.iter().map(|x| x * x).sum::<f32>().sqrt();
+                let cos = if norm > 0.0 { vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm } else { 0.0 };
+                gap || g.len() >= p.max_turns || (g.len() >= p.min_turns && cos < p.shift_below)
+            }
+        };
+        if start {
+            groups.push(Vec::new());
+            centroid = vec![0.0; vecs[i].0.len()];
+        }
+        groups.last_mut().expect("a group").push(i);
+        centroid.iter_mut().zip(&vecs[i].0).for_each(|(c, x)| *c += x);
+        if time.is_some() {
+            last_time = time;
+        }
+    }
+    groups
+        .into_iter()
+        .map(|g| {
+            let texts: Vec<&str> = g.iter().map(|&i| turns[i].text.as_str()).collect();
+            let people: BTreeSet<String> = g.iter().map(|&i| turns[i].speaker.clone()).filter(|s| !s.is_empty()).collect();
+            EventDraft {
+                summary: extractive_summary(&texts, p.summary_words),
+                people: people.into_iter().collect(),
+                time: g.iter().find_map(|&i| turns[i].ts.clone()),
+                turns: g,
+            }
+        })
+        .collect()
+}
+
+const CAUSAL: &[&str] = &["because", "so that", "as a result", "therefore", "due to", "led to", "caused", "since then", "that's why", "which is why"];
+const MOTIVATION: &[&str] = &["in order to", "wants to", "want to", "wanted to", "plans to", "planning to", "decided to", "hoping to", "so i can", "goal"];
+
+fn content(text: &str) -> BTreeSet<String> {
+    words(text).into_iter().filter(|w| w.len() > 3).collect()
+}
+
+fn has_cue(text: &str, cues: &[&str]) -> bool {
+    let t = format!(" {} ", words(text).join(" "));
+    cues.iter().any(|c| t.contains(&format!(" {} ", words(c).join(" "))))
+}
+
+/// The extractive relations among `events` (in time order): see the module comment.
+pub fn extractive_relations(events: &[EventIn]) -> Vec<RelationDraft> {
+    let words: Vec<BTreeSet<String>> = events.iter().map(|e| content(&e.summary)).collect();
+    let mut out = BTreeSet::new();
+    for j in 0..events.len() {
+        if j > 0 {
+            out.insert(RelationDraft { from: j - 1, to: j, kind: RelationKind::Temporal });
+        }
+        let causal = has_cue(&events[j].summary, CAUSAL);
+        let motivation = has_cue(&events[j].summary, MOTIVATION);
+        for i in 0..j {
+            let shared = words[i].intersection(&words[j]).count();
+            if shared < 2 {
+                continue;
+            }
+            if causal {
+                out.insert(RelationDraft { from: i, to: j, kind: RelationKind::Causal });
+            }
+            if motivation {
+                out.insert(RelationDraft { from: j, to: i, kind: RelationKind::Motivation });
+            }
+            if i + 1 < j && events[i].people.iter().any(|p| events[j].people.contains(p)) {
+                out.insert(RelationDraft { from: i, to: j, kind: RelationKind::SharedParticipants });
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(id: &str, speaker: &str, text: &str, ts: Option<&str>) -> TurnIn {
+        TurnIn { id: id.into(), speaker: speaker.into(), text: text.into(), ts: ts.map(Into::into) }
+    }
+
+    #[test]
+    fn time_gaps_and_topic_shifts_start_events() {
+        let turns = vec![
+            turn("1", "Ana", "The harbour flooded after the storm last night.", Some("2026-11-29T09:00:00Z")),
+            turn("2", "Ben", "Yes, the storm flooded the harbour quay badly.", Some("2026-11-29T09:01:00Z")),
+            turn("3", "Ana", "The harbour master closed the flooded quay.", Some("2026-11-29T09:02:00Z")),
+            turn("4", "Ben", "Did the storm damage the boats in the harbour?", Some("2026-11-29T09:03:00Z")),
+            // Two hours later: a new event, whatever the words.
+            turn("5", "Ana", "The harbour is still flooded.", Some("2026-11-29T11:05:00Z")),
+            turn("6", "Cem", "Still flooded, the harbour, yes.", Some("2026-11-29T11:06:00Z")),
+            turn("7", "Ana", "And the quay is closed in the harbour.", Some("2026-11-29T11:07:00Z")),
+            // A topic shift without a time gap.
+            turn("8", "Cem", "My daughter starts violin lessons on Tuesday.", Some("2026-11-29T11:08:00Z")),
+        ];
+        let ev = extractive_segments(&turns, &SegmentParams::default());
+        let groups: Vec<Vec<usize>> = ev.iter().map(|e| e.turns.clone()).collect();
+        assert_eq!(groups, vec![vec![0, 1, 2, 3], vec![4, 5, 6], vec![7]]);
+        assert_eq!(ev[1].people, vec!["Ana".to_string(), "Cem".to_string()]);
+        assert_eq!(ev[1].time.as_deref(), Some("2026-11-29T11:05:00Z"));
+        assert!(ev[0].summary.contains("harbour"), "{}", ev[0].summary);
+        assert_eq!(ev, extractive_segments(&turns, &SegmentParams::default()), "deterministic");
+    }
+
+    #[test]
+    fn relations_from_order_cues_and_people() {
+        let e = |s: &str, p: &[&str]| EventIn { id: String::new(), summary: s.into(), people: p.iter().map(|x| x.to_string()).collect(), time: None };
+        let events = vec![
+            e("Ana lost her job at the bakery downtown.", &["Ana"]),
+            e("Ben talked about football.", &["Ben"]),
+            e("Ana is retraining as a nurse because she lost the bakery job.", &["Ana"]),
+            e("Ana plans to open her own bakery downtown in order to replace the job she lost.", &["Ana"]),
+        ];
+        let r = extractive_relations(&events);
+        let has = |from, to, kind| r.contains(&RelationDraft { from, to, kind });
+        assert!(has(0, 1, RelationKind::Temporal) && has(2, 3, RelationKind::Temporal));
+        assert!(has(0, 2, RelationKind::Causal), "{r:?}");
+        assert!(!has(1, 2, RelationKind::Causal), "no shared content, no cause: {r:?}");
+        assert!(has(3, 0, RelationKind::Motivation), "{r:?}");
+        assert!(has(0, 2, RelationKind::SharedParticipants), "{r:?}");
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(seconds("2026-11-29T10:00:00Z").unwrap() - seconds("2026-11-29T09:30:00Z").unwrap(), 1800);
+        assert_eq!(seconds("2024-03-01T00:00:00Z").unwrap() - seconds("2024-02-28T00:00:00Z").unwrap(), 2 * 86_400);
+        assert_eq!(seconds("yesterday"), None);
+        assert_eq!(RelationKind::parse("part-of"), Some(RelationKind::PartOf));
+    }
+}
