@@ -4,6 +4,8 @@ pub mod dead_letter;
 pub mod embedders;
 pub mod file_source;
 pub mod input_log;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod llm;
 pub mod source;
 

@@ -45,4 +45,7 @@ pub trait Source: Send {
     fn idle_wait(&self) -> Duration {
         Duration::from_millis(50)
     }
+    /// The views now reflect these positions (the highest of each partition that an epoch held): a source that
+    /// acknowledges upstream (Kafka's group offsets) does it here, never earlier.
+    fn commit(&mut self, _positions: &[Position]) {}
 }

@@ -129,8 +129,29 @@ pub enum ResponseFormatName {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct KafkaConfig {
     pub brokers: String,
+    /// A list, or one comma-separated string (as `ENGRAM__KAFKA__TOPICS=a,b` gives).
+    #[serde(deserialize_with = "list_or_csv")]
     pub topics: Vec<String>,
     pub group_id: String,
+    /// Upserts and retractions of nodes, edges, clusters and summaries, keyed by space (empty: off).
+    pub changes_topic: String,
+    /// Rejected inputs with their reasons (empty: off; the dead-letter file is always written).
+    pub dead_letter_topic: String,
+    /// The LLM response log as a compacted topic, read back at start (empty: off; the file log is always written).
+    pub responses_topic: String,
+}
+
+fn list_or_csv<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCsv {
+        List(Vec<String>),
+        Csv(String),
+    }
+    Ok(match ListOrCsv::deserialize(d)? {
+        ListOrCsv::List(l) => l,
+        ListOrCsv::Csv(s) => s.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect(),
+    })
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -268,8 +289,19 @@ impl Config {
         if self.llm.max_tokens == 0 {
             errs.push("llm.max-tokens must be positive".into());
         }
-        if !self.kafka.topics.is_empty() || !self.kafka.brokers.is_empty() {
-            errs.push("kafka: the Kafka source is not available in this build yet (tracked by the Kafka connectors issue); leave kafka.brokers and kafka.topics empty".into());
+        let k = &self.kafka;
+        let any_topic = !k.topics.is_empty() || !k.changes_topic.is_empty() || !k.dead_letter_topic.is_empty() || !k.responses_topic.is_empty();
+        if any_topic && !cfg!(feature = "kafka") {
+            errs.push("kafka: this binary was built without the kafka feature".into());
+        }
+        if any_topic && k.brokers.trim().is_empty() {
+            errs.push("kafka.brokers must be set (host:port,…) when a Kafka topic is configured".into());
+        }
+        if !k.topics.is_empty() && k.group_id.trim().is_empty() {
+            errs.push("kafka.group-id must be set when kafka.topics is".into());
+        }
+        if k.topics.iter().any(|t| t.trim().is_empty()) {
+            errs.push("kafka.topics must not contain an empty name".into());
         }
         if self.query.default_k == 0 {
             errs.push("query.default-k must be positive".into());

@@ -66,6 +66,11 @@ pub struct Shared {
     pub resume: HashMap<String, u64>,
     /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
     closed: Mutex<VecDeque<(u64, Instant)>>,
+    /// Per source position name (`kafka:TOPIC/PARTITION`, `file:PATH`): offset → the epoch that holds it (the
+    /// highest offset of each batch), for `?after=TOPIC:PARTITION:OFFSET`. Collapsed once reflected.
+    pub offsets: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
+    /// The Kafka output topics (no-ops when none is configured).
+    pub outputs: crate::outputs::Outputs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +122,16 @@ pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Ll
             Arc::new(OpenAiLlm::new(client, config.hierarchy.summary_words)?)
         }
     })
+}
+
+#[cfg(feature = "kafka")]
+fn kafka_metrics(m: &Metrics) -> Option<connectors::kafka::KafkaMetrics> {
+    Some(m.kafka.clone())
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_metrics(_m: &Metrics) -> Option<()> {
+    None
 }
 
 /// The configured embedder, counted. `openai` vectors are logged in `dir/embeddings.log`.
@@ -186,7 +201,17 @@ impl Shared {
         let embedder = make_embedder(&config, &metrics, &dir)?;
         // Logged responses of the configured model are inputs like records: no call is made for them again.
         let responses_path = dir.join("responses.log");
-        let responses = ResponseLog::replay(&responses_path)?;
+        let mut responses = ResponseLog::replay(&responses_path)?;
+        // The response log topic, when configured, holds what other processes (or an earlier pod) logged.
+        let from_topic = crate::outputs::Outputs::read_responses(&config.kafka)?;
+        if !from_topic.is_empty() {
+            let known: std::collections::HashSet<(String, String, String)> =
+                responses.records.iter().map(|r| (r.model.clone(), r.space.clone(), r.key.clone())).collect();
+            let new: Vec<LoggedResponse> =
+                from_topic.into_iter().filter(|r| !known.contains(&(r.model.clone(), r.space.clone(), r.key.clone()))).collect();
+            tracing::info!(responses = new.len(), "read LLM responses from the response log topic");
+            responses.records.extend(new);
+        }
         let response_log = ResponseLog::open(&responses_path)?;
         let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
@@ -194,11 +219,16 @@ impl Shared {
         let mut items = Vec::new();
         let mut max_epoch = None;
         let mut resume: HashMap<String, u64> = HashMap::new();
+        let mut offsets: HashMap<String, BTreeMap<u64, u64>> = HashMap::new();
         for r in &replay.records {
             max_epoch = max_epoch.max(Some(r.epoch));
             if let (Some(src), Some(off)) = (&r.source, r.offset) {
                 let e = resume.entry(src.clone()).or_default();
                 *e = (*e).max(off);
+                let m = offsets.entry(src.clone()).or_default();
+                // Replayed epochs are all reflected together: one entry per source is enough.
+                m.clear();
+                m.insert(*e, r.epoch.max(max_epoch.unwrap_or(0)));
             }
             if r.record.is_null() {
                 continue;
@@ -221,6 +251,7 @@ impl Shared {
         items.extend(logged.map(|r| Item::Summary(r.space, r.key, r.response)));
         let open_epoch = max_epoch.unwrap_or(0);
         let opened = (!items.is_empty()).then(Instant::now);
+        let outputs = crate::outputs::Outputs::open(&config.kafka, kafka_metrics(&metrics))?;
         Ok(Arc::new(Shared {
             embedder,
             limits,
@@ -235,6 +266,8 @@ impl Shared {
             dead_letter: Mutex::new(dead_letter),
             llm,
             closed: Mutex::new(VecDeque::new()),
+            offsets: Mutex::new(offsets),
+            outputs,
             config,
         }))
     }
@@ -244,6 +277,7 @@ impl Shared {
         if let Err(e) = self.dead_letter.lock().expect("dead letter lock").write(source, reason, raw) {
             tracing::error!(error = %e, source, reason, "could not write the dead-letter file");
         }
+        self.outputs.dead_letter(source, reason, raw);
         self.metrics.records_rejected.with_label_values(&[kind]).inc();
         ErrorRow {
             source: source.to_string(),
@@ -321,9 +355,16 @@ impl Shared {
 
     /// A batch from a source: rejects are dead-lettered; the rest are appended to the input log with their
     /// positions (so that a restart replays them in order and the source resumes after them) and queued.
-    pub fn ingest_source(&self, kind: &str, records: Vec<connectors::SourceRecord>) -> std::io::Result<()> {
+    /// Returns the epoch that holds the batch and the highest position of each source in it.
+    pub fn ingest_source(&self, kind: &str, records: Vec<connectors::SourceRecord>) -> std::io::Result<(u64, Vec<connectors::Position>)> {
         let n = records.len();
-        let last = records.last().map(|r| r.position.clone());
+        let mut last: BTreeMap<String, connectors::Position> = BTreeMap::new();
+        for r in &records {
+            let e = last.entry(r.position.source.clone()).or_insert_with(|| r.position.clone());
+            if r.position.offset > e.offset {
+                *e = r.position.clone();
+            }
+        }
         let mut items = Vec::with_capacity(n);
         let mut logged = Vec::with_capacity(n + 1);
         for r in records {
@@ -345,21 +386,46 @@ impl Shared {
                 Err(e) => items.push(Item::Reject(self.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload))),
             }
         }
-        if let Some(p) = last {
-            // Mark the batch's end, so that rejected last lines are not read (and dead-lettered) again.
-            if logged.last().and_then(|l| l.offset) != Some(p.offset) {
+        for p in last.values() {
+            // Mark each source's batch end, so that rejected last records are not read (and dead-lettered) again.
+            let logged_max = logged.iter().filter(|l| l.source.as_ref() == Some(&p.source)).filter_map(|l| l.offset).max();
+            if logged_max != Some(p.offset) {
                 logged.push(LoggedRecord {
                     epoch: 0,
                     space: String::new(),
                     record: serde_json::Value::Null,
-                    source: Some(p.source),
+                    source: Some(p.source.clone()),
                     offset: Some(p.offset),
                 });
             }
         }
         self.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
         let mut q = self.queue.lock().expect("queue lock");
-        self.log_and_queue(&mut q, logged, items).map(|_| ())
+        let epoch = self.log_and_queue(&mut q, logged, items)?;
+        drop(q);
+        let mut offsets = self.offsets.lock().expect("offsets lock");
+        for p in last.values() {
+            offsets.entry(p.source.clone()).or_default().insert(p.offset, epoch);
+        }
+        Ok((epoch, last.into_values().collect()))
+    }
+
+    /// The epoch that holds `offset` of `source`, if it has been read.
+    pub fn epoch_of(&self, source: &str, offset: u64) -> Option<u64> {
+        self.offsets.lock().expect("offsets lock").get(source)?.range(offset..).next().map(|(_, e)| *e)
+    }
+
+    /// Drops the offset entries the views reflect, keeping each source's highest.
+    fn collapse_offsets(&self, as_of: u64) {
+        let mut offsets = self.offsets.lock().expect("offsets lock");
+        for m in offsets.values_mut() {
+            let done: Vec<u64> = m.iter().filter(|(_, e)| **e <= as_of).map(|(o, _)| *o).collect();
+            if done.len() > 1 {
+                for o in &done[..done.len() - 1] {
+                    m.remove(o);
+                }
+            }
+        }
     }
 
     /// Takes the open epoch's items if it is due: old enough, full enough, or shutting down.
@@ -418,19 +484,31 @@ pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'st
         .spawn(move || {
             let name = source.name();
             let batch = shared.config.ingest.epoch_max_records.max(1);
+            // Batches not yet reflected in the views: (epoch, highest position per source).
+            let mut uncommitted: VecDeque<(u64, Vec<connectors::Position>)> = VecDeque::new();
             while !shared.shutdown.load(Ordering::Relaxed) {
+                let as_of = *shared.as_of.borrow();
+                let mut done = Vec::new();
+                while uncommitted.front().is_some_and(|(e, _)| as_of.is_some_and(|a| *e <= a)) {
+                    done.extend(uncommitted.pop_front().expect("front").1);
+                }
+                if !done.is_empty() {
+                    source.commit(&done);
+                    shared.collapse_offsets(as_of.unwrap_or(0));
+                }
                 if shared.queue.lock().expect("queue lock").items.len() >= shared.queue_cap() {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
                 match source.poll(batch) {
-                    Ok(SourceBatch::Records(records)) => {
-                        if let Err(e) = shared.ingest_source(kind, records) {
+                    Ok(SourceBatch::Records(records)) => match shared.ingest_source(kind, records) {
+                        Ok(batch) => uncommitted.push_back(batch),
+                        Err(e) => {
                             tracing::error!(source = %name, error = %e, "could not log source records; the source stops");
                             break;
                         }
-                    }
-                    Ok(SourceBatch::Idle) => std::thread::sleep(source.idle_wait()),
+                    },
+                    Ok(SourceBatch::Idle) => std::thread::sleep(source.idle_wait().max(Duration::from_millis(if uncommitted.is_empty() { 0 } else { 5 }))),
                     Ok(SourceBatch::Done) => break,
                     Err(e) => {
                         tracing::error!(source = %name, error = %e, "source failed; it stops, the engine goes on");
@@ -517,7 +595,12 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             {
                 let mut views = shared.views.write().expect("views lock");
                 for t in ready {
-                    views.apply_with(pending.remove(&t).expect("ready time"), &|text| embedder.embed(text));
+                    let mut updates = pending.remove(&t).expect("ready time");
+                    if shared.outputs.wants_changes() {
+                        differential_dataflow::consolidation::consolidate(&mut updates);
+                        shared.outputs.changes(t, &updates);
+                    }
+                    views.apply_with(updates, &|text| embedder.embed(text));
                 }
                 views.as_of = as_of.max(views.as_of);
                 shared.metrics.nodes.set(views.node_count() as i64);
@@ -662,6 +745,7 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                             submitted.remove(&(r.space.clone(), r.key.clone()));
                         }
                     } else {
+                        shared.outputs.responses(&done);
                         let mut q = shared.queue.lock().expect("queue lock");
                         q.opened.get_or_insert_with(Instant::now);
                         q.items.extend(done.into_iter().map(|r| Item::Summary(r.space, r.key, r.response)));

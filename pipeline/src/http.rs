@@ -151,14 +151,49 @@ struct AfterParam {
     after: Option<String>,
 }
 
-/// Waits until the views include `receipt` (an epoch number), up to `query.max-wait`.
+/// `TOPIC:PARTITION:OFFSET` → (`kafka:TOPIC/PARTITION`, offset).
+fn parse_kafka_position(after: &str) -> Option<(String, u64)> {
+    let (rest, offset) = after.rsplit_once(':')?;
+    let (topic, partition) = rest.rsplit_once(':')?;
+    let partition: u32 = partition.parse().ok()?;
+    let offset: u64 = offset.parse().ok()?;
+    if topic.is_empty() {
+        return None;
+    }
+    Some((format!("kafka:{topic}/{partition}"), offset))
+}
+
+/// Waits until the views include `after` — a receipt (an epoch number) or a Kafka position
+/// `TOPIC:PARTITION:OFFSET` (read, then reflected) — up to `query.max-wait`.
 async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let Some(after) = after else { return Ok(()) };
-    let epoch: u64 = after.trim().parse().map_err(|_| {
-        AppError::bad_request(format!("after={after:?} is not a receipt (receipts are epoch numbers, as ingest returns them)"))
-    })?;
-    let mut rx = s.as_of.subscribe();
     let wait = s.config.query.max_wait;
+    let started = std::time::Instant::now();
+    let epoch: u64 = match after.trim().parse() {
+        Ok(e) => e,
+        Err(_) => {
+            let (source, offset) = parse_kafka_position(after.trim()).ok_or_else(|| {
+                AppError::bad_request(format!(
+                    "after={after:?} is neither a receipt (an epoch number, as ingest returns it) nor a Kafka position TOPIC:PARTITION:OFFSET"
+                ))
+            })?;
+            loop {
+                if let Some(e) = s.epoch_of(&source, offset) {
+                    break e;
+                }
+                if started.elapsed() >= wait {
+                    return Err(AppError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "timeout",
+                        format!("offset {offset} of {source} was not read within {wait:?}"),
+                    ));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let mut rx = s.as_of.subscribe();
+    let wait = wait.saturating_sub(started.elapsed());
     let reached = tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
     match reached {
         Ok(true) => Ok(()),

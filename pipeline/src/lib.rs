@@ -7,5 +7,6 @@ pub mod engine;
 pub mod eval;
 pub mod http;
 pub mod metrics;
+pub mod outputs;
 pub mod query;
 pub mod views;

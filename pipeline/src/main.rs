@@ -204,6 +204,15 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             };
             sources.push(engine::spawn_source(shared.clone(), src, kind));
         }
+        let k = &shared.config.kafka;
+        if !k.topics.is_empty() {
+            #[cfg(feature = "kafka")]
+            {
+                let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, &shared.resume, Some(shared.metrics.kafka.clone()))
+                    .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
+                sources.push(engine::spawn_source(shared.clone(), Box::new(source), "kafka"));
+            }
+        }
     }
 
     let summarizer = serving.then(|| engine::spawn_summarizer(shared.clone()));
@@ -272,6 +281,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for r in guards.join() {
         r.map_err(|e| anyhow::anyhow!("worker failed: {e}"))?;
     }
+    shared.outputs.flush();
     tracing::info!(as_of = ?*shared.as_of.borrow(), "stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub embedder_requests: connectors::llm::LlmMetrics,
     /// Every embedder's texts and batch latency.
     pub embedder: connectors::embedders::EmbedderMetrics,
+    #[cfg(feature = "kafka")]
+    pub kafka: connectors::kafka::KafkaMetrics,
     pub input_log_fsync: Histogram,
 }
 
@@ -78,6 +80,8 @@ impl Metrics {
         let embedder_requests =
             connectors::llm::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
         let embedder = connectors::embedders::EmbedderMetrics::new(&registry).expect("embedder metrics");
+        #[cfg(feature = "kafka")]
+        let kafka = connectors::kafka::KafkaMetrics::new(&registry).expect("Kafka metrics");
         for m in [
             Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(summary_backlog.clone()),
@@ -114,6 +118,8 @@ impl Metrics {
             llm,
             embedder_requests,
             embedder,
+            #[cfg(feature = "kafka")]
+            kafka,
         }
     }
 
