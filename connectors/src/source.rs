@@ -16,7 +16,12 @@ pub struct Position {
 
 impl std::fmt::Display for Position {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}:{}", self.source, self.partition, self.offset)
+        if self.source.starts_with("kafka:") {
+            // `kafka:TOPIC/PARTITION` already names the partition.
+            write!(f, "{}:{}", self.source, self.offset)
+        } else {
+            write!(f, "{}:{}:{}", self.source, self.partition, self.offset)
+        }
     }
 }
 

@@ -273,3 +273,113 @@ mod tests {
         assert_eq!(RelationKind::parse("part-of"), Some(RelationKind::PartOf));
     }
 }
+
+/// An event of the memory: `id` is `E:<hash>` over (conversation, session, first and last turn), so appending turns
+/// to a session leaves its earlier events (and their ids) untouched.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EventRow {
+    pub id: String,
+    pub conversation: String,
+    pub session: i64,
+    /// Turn ids (utterance refs), in order.
+    pub turns: Vec<String>,
+    pub summary: String,
+    pub people: Vec<String>,
+    pub time: Option<String>,
+}
+
+/// A typed, directed relation between two events of one session, with its evidence (the turns of both ends).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RelationRow {
+    pub from: String,
+    pub to: String,
+    pub kind: RelationKind,
+    pub evidence: Vec<String>,
+}
+
+/// The session of a turn: LoCoMo-style ids `D<s>:<n>` sit at position `s·10000 + n` (see `ingest`), every other
+/// turn of a conversation in session 0 (time gaps still split its events).
+pub fn session_of(node: &crate::model::Node) -> i64 {
+    node.pos.div_euclid(crate::model::POSITION_SCALE * 10_000)
+}
+
+fn event_id(conversation: &str, session: i64, first: &str, last: &str) -> String {
+    let key = format!("{conversation}\u{1f}{session}\u{1f}{first}\u{1f}{last}");
+    let rev: Vec<u8> = key.bytes().rev().collect();
+    format!("E:{:016x}{:08x}", crate::hash::fnv1a(key.as_bytes()), crate::hash::fnv1a(&rev) as u32)
+}
+
+/// The events and relations of one session's turns (any order; sorted by position here): the sequential
+/// definition the dataflow computes per session.
+pub fn session_events(
+    conversation: &str,
+    session: i64,
+    turns: &[&crate::model::Node],
+    p: &SegmentParams,
+) -> (Vec<EventRow>, Vec<RelationRow>) {
+    let mut turns: Vec<&crate::model::Node> = turns.to_vec();
+    turns.sort_by(|a, b| a.pos.cmp(&b.pos).then_with(|| a.id.cmp(&b.id)));
+    let input: Vec<TurnIn> = turns
+        .iter()
+        .map(|n| TurnIn { id: n.id.clone(), speaker: n.speaker.clone().unwrap_or_default(), text: n.text.clone(), ts: n.ts.clone() })
+        .collect();
+    let drafts = extractive_segments(&input, p);
+    let events: Vec<EventRow> = drafts
+        .into_iter()
+        .map(|d| {
+            let ids: Vec<String> = d.turns.iter().map(|&i| input[i].id.clone()).collect();
+            EventRow {
+                id: event_id(conversation, session, &ids[0], &ids[ids.len() - 1]),
+                conversation: conversation.to_string(),
+                session,
+                turns: ids,
+                summary: d.summary,
+                people: d.people,
+                time: d.time,
+            }
+        })
+        .collect();
+    let ins: Vec<EventIn> = events
+        .iter()
+        .map(|e| EventIn { id: e.id.clone(), summary: e.summary.clone(), people: e.people.clone(), time: e.time.clone() })
+        .collect();
+    let relations = extractive_relations(&ins)
+        .into_iter()
+        .map(|r| {
+            let (a, b) = (&events[r.from], &events[r.to]);
+            let mut evidence = a.turns.clone();
+            evidence.extend(b.turns.iter().cloned());
+            RelationRow { from: a.id.clone(), to: b.id.clone(), kind: r.kind, evidence }
+        })
+        .collect();
+    (events, relations)
+}
+
+/// CompassMem's event layer as differential dataflow: turns are grouped by (space, conversation, session) and each
+/// group is segmented and related as a whole ([`session_events`]) whenever it changes — a reduce, so a new turn, an
+/// edit or a deleted conversation updates exactly its session's events and relations, and the result always
+/// equals a from-scratch build. Segmentation is greedy left to right, so a turn appended to a live session changes
+/// only the session's last event: earlier events keep their ids.
+pub fn event_memory<'s, T>(
+    nodes: differential_dataflow::VecCollection<'s, T, (String, crate::model::Node)>,
+    params: SegmentParams,
+) -> (
+    differential_dataflow::VecCollection<'s, T, (String, EventRow)>,
+    differential_dataflow::VecCollection<'s, T, (String, RelationRow)>,
+)
+where
+    T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
+{
+    let sessions = nodes
+        .filter(|(_, n)| n.kind == crate::model::NodeKind::Turn)
+        .map(|(s, n)| ((s, n.doc.clone(), session_of(&n)), n))
+        .reduce(move |(_s, conv, session), turns: &[(&crate::model::Node, isize)], out: &mut Vec<((Vec<EventRow>, Vec<RelationRow>), isize)>| {
+            let live: Vec<&crate::model::Node> = turns.iter().filter(|(_, d)| *d > 0).map(|(n, _)| *n).collect();
+            if !live.is_empty() {
+                out.push((session_events(conv, *session, &live, &params), 1));
+            }
+        });
+    let events = sessions.clone().flat_map(|((s, _, _), (events, _))| events.into_iter().map(move |e| (s.clone(), e)));
+    let relations = sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r)));
+    (events, relations)
+}

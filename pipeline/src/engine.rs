@@ -562,6 +562,10 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
             &hparams,
         );
+        let (events, relations) = operators::events::event_memory(
+            nodes.clone(),
+            operators::events::SegmentParams { summary_words: shared.config.hierarchy.summary_words, ..Default::default() },
+        );
         let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
         let embedder = shared.embedder.clone();
         let updates = embedded
@@ -571,7 +575,9 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(h.clusters.map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m)))
             .concat(h.edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
             .concat(sm.texts.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
-            .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)));
+            .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)))
+            .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
+            .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
         updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {

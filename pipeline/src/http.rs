@@ -57,6 +57,7 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/v1/spaces/{space}/query", post(query_space))
         .route("/v1/spaces/{space}/nodes/{id}", get(node))
         .route("/v1/spaces/{space}/summaries/pending", get(pending_summaries))
+        .route("/v1/spaces/{space}/events", get(events))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
@@ -83,7 +84,7 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
             json!({
                 "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
                 "clusters": v.clusters.len(), "summaries_pending": v.requests.len(),
-                "events": 0, "relations": 0, "topics": 0, "as_of": views.as_of,
+                "events": v.events.len(), "relations": v.relations.len(), "topics": 0, "as_of": views.as_of,
             })
         })
         .collect();
@@ -290,6 +291,19 @@ async fn node(
             "children": [], "parents": parents, "as_of": views.as_of,
         })));
     }
+    if let Some(e) = view.events.get(&id) {
+        let rels: Vec<_> = view
+            .relations
+            .iter()
+            .filter(|r| r.from == id || r.to == id)
+            .map(|r| json!({"from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}))
+            .collect();
+        return Ok(Json(json!({
+            "id": e.id, "layer": 0, "kind": "event", "text": e.summary,
+            "source": {"conversation": e.conversation, "session": e.session, "turns": e.turns, "people": e.people, "time": e.time},
+            "relations": rels, "as_of": views.as_of,
+        })));
+    }
     let c = view
         .clusters
         .get(&id)
@@ -299,6 +313,23 @@ async fn node(
         "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": w})).collect::<Vec<_>>(),
         "children": c.members, "parents": parents, "as_of": views.as_of,
     })))
+}
+
+/// The event memory of a space: events in (conversation, session, time) order and their relations.
+async fn events(
+    State(s): State<Arc<Shared>>,
+    Path(space): Path<String>,
+    Query(params): Query<AfterParam>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    wait_for(&s, params.after.as_deref()).await?;
+    let views = s.views.read().expect("views lock");
+    let view = views
+        .spaces
+        .get(&space)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
+    events.sort_by(|a, b| (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns)));
+    Ok(Json(json!({"events": events, "relations": view.relations, "as_of": views.as_of})))
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.

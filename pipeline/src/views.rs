@@ -21,6 +21,10 @@ pub enum ViewUpdate {
     Summary(String, u32, String, String),
     /// A cluster waiting for its summary: `(space, layer, cluster, content hash, members and texts)`.
     Request(String, u32, String, String, Vec<(String, String)>),
+    /// An event of the event memory (CompassMem).
+    Event(String, operators::events::EventRow),
+    /// A typed relation between two events.
+    Relation(String, operators::events::RelationRow),
 }
 
 /// A node of layer ≥ 1: a cluster of the layer below.
@@ -43,6 +47,9 @@ pub struct SpaceView {
     pub parents: HashMap<String, BTreeSet<String>>,
     /// content hash → (layer, cluster, members and texts): the summariser's work list.
     pub requests: BTreeMap<String, (u32, String, Vec<(String, String)>)>,
+    /// Events by id, and their relations.
+    pub events: BTreeMap<String, operators::events::EventRow>,
+    pub relations: BTreeSet<operators::events::RelationRow>,
 }
 
 impl SpaceView {
@@ -60,7 +67,8 @@ impl SpaceView {
     }
 
     fn is_empty(&self) -> bool {
-        self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty()
+        self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty() && self.events.is_empty()
+            && self.relations.is_empty()
     }
 }
 
@@ -185,6 +193,22 @@ impl Views {
                         view.requests.remove(&hash);
                     }
                 }
+                ViewUpdate::Event(space, e) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        view.events.insert(e.id.clone(), e);
+                    } else if view.events.get(&e.id) == Some(&e) {
+                        view.events.remove(&e.id);
+                    }
+                }
+                ViewUpdate::Relation(space, r) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        view.relations.insert(r);
+                    } else {
+                        view.relations.remove(&r);
+                    }
+                }
                 ViewUpdate::Error(row) => {
                     if d > 0 {
                         self.errors_total += 1;
@@ -260,6 +284,9 @@ impl ViewUpdate {
             ViewUpdate::Cluster(s, l, c, m) => (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m})),
             ViewUpdate::LayerEdge(s, l, u, v, w) => (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w})),
             ViewUpdate::Summary(s, l, c, t) => (s, json!({"type": "summary", "layer": l, "cluster": c, "text": t})),
+            ViewUpdate::Event(s, e) => (s, json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
+                                                  "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
+            ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
             ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
         };
         let mut body = body;

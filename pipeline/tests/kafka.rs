@@ -127,7 +127,7 @@ async fn records_from_kafka_with_dead_letters_changes_and_committed_offsets() {
 
     // The poison message: in the error collection and on the dead-letter topic, with its position and reason.
     let (_, errors) = get(&format!("{}/v1/errors", engine.api)).await;
-    assert!(errors.to_string().contains(&format!("kafka:{topic}/1:{}", offsets[3])), "{errors}");
+    assert_eq!(errors["recent"][0]["source"], format!("kafka:{topic}/1:{}", offsets[3]), "{errors}");
     let mut dead: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     wait_until("the dead letter", 30, async || {
         dead = connectors::kafka::read_topic(&b, &dl, Duration::from_secs(10)).unwrap();
