@@ -317,13 +317,64 @@ pub fn session_events(
     turns: &[&crate::model::Node],
     p: &SegmentParams,
 ) -> (Vec<EventRow>, Vec<RelationRow>) {
+    let (_, input) = sorted_turns(turns);
+    let drafts = extractive_segments(&input, p);
+    let ins: Vec<EventIn> = drafts
+        .iter()
+        .map(|d| EventIn { id: String::new(), summary: d.summary.clone(), people: d.people.clone(), time: d.time.clone() })
+        .collect();
+    let rels = extractive_relations(&ins);
+    rows(conversation, session, &input, drafts, rels)
+}
+
+/// The key of a session's content in the response log: `seg:` + 128 bits over its turns (ids, speakers, times,
+/// texts, in order).
+pub fn session_key(turns: &[TurnIn]) -> String {
+    let mut key = Vec::new();
+    for t in turns {
+        for part in [&t.id, &t.speaker, t.ts.as_deref().unwrap_or(""), &t.text] {
+            key.extend_from_slice(part.as_bytes());
+            key.push(0x1f);
+        }
+        key.push(0x1e);
+    }
+    let rev: Vec<u8> = key.iter().rev().copied().collect();
+    format!("seg:{:016x}{:016x}", crate::hash::fnv1a(&key), crate::hash::fnv1a(&rev))
+}
+
+/// A model's answer for one session, as logged: `{"events":[EventDraft…],"relations":[RelationDraft…]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionAnswer {
+    pub events: Vec<EventDraft>,
+    pub relations: Vec<RelationDraft>,
+}
+
+fn sorted_turns<'a>(turns: &[&'a crate::model::Node]) -> (Vec<&'a crate::model::Node>, Vec<TurnIn>) {
     let mut turns: Vec<&crate::model::Node> = turns.to_vec();
     turns.sort_by(|a, b| a.pos.cmp(&b.pos).then_with(|| a.id.cmp(&b.id)));
-    let input: Vec<TurnIn> = turns
+    let input = turns
         .iter()
         .map(|n| TurnIn { id: n.id.clone(), speaker: n.speaker.clone().unwrap_or_default(), text: n.text.clone(), ts: n.ts.clone() })
         .collect();
-    let drafts = extractive_segments(&input, p);
+    (turns, input)
+}
+
+/// The events and relations of a session from a logged model answer, when it fits the turns exactly (every turn
+/// in exactly one event, in order; relation ends in range); `None` otherwise.
+pub fn answered_events(conversation: &str, session: i64, turns: &[&crate::model::Node], answer: &str) -> Option<(Vec<EventRow>, Vec<RelationRow>)> {
+    let a: SessionAnswer = serde_json::from_str(answer).ok()?;
+    let (_, input) = sorted_turns(turns);
+    let covered: Vec<usize> = a.events.iter().flat_map(|e| e.turns.iter().copied()).collect();
+    if covered != (0..input.len()).collect::<Vec<_>>() || a.events.iter().any(|e| e.turns.is_empty()) {
+        return None;
+    }
+    if a.relations.iter().any(|r| r.from >= a.events.len() || r.to >= a.events.len() || r.from == r.to) {
+        return None;
+    }
+    Some(rows(conversation, session, &input, a.events, a.relations))
+}
+
+fn rows(conversation: &str, session: i64, input: &[TurnIn], drafts: Vec<EventDraft>, rels: Vec<RelationDraft>) -> (Vec<EventRow>, Vec<RelationRow>) {
     let events: Vec<EventRow> = drafts
         .into_iter()
         .map(|d| {
@@ -339,11 +390,7 @@ pub fn session_events(
             }
         })
         .collect();
-    let ins: Vec<EventIn> = events
-        .iter()
-        .map(|e| EventIn { id: e.id.clone(), summary: e.summary.clone(), people: e.people.clone(), time: e.time.clone() })
-        .collect();
-    let relations = extractive_relations(&ins)
+    let mut relations: Vec<RelationRow> = rels
         .into_iter()
         .map(|r| {
             let (a, b) = (&events[r.from], &events[r.to]);
@@ -352,34 +399,78 @@ pub fn session_events(
             RelationRow { from: a.id.clone(), to: b.id.clone(), kind: r.kind, evidence }
         })
         .collect();
+    relations.sort();
+    relations.dedup();
     (events, relations)
 }
 
+/// The output of [`event_memory`].
+pub struct EventMemory<'s, T: timely::progress::Timestamp> {
+    pub events: differential_dataflow::VecCollection<'s, T, (String, EventRow)>,
+    pub relations: differential_dataflow::VecCollection<'s, T, (String, RelationRow)>,
+    /// With a model: the sessions whose current content has no logged answer yet — `(space, key, turns)`, each turn
+    /// as `(id, TurnIn as JSON)`.
+    pub requests: differential_dataflow::VecCollection<'s, T, (String, String, Vec<(String, String)>)>,
+}
+
 /// CompassMem's event layer as differential dataflow: turns are grouped by (space, conversation, session) and each
-/// group is segmented and related as a whole ([`session_events`]) whenever it changes — a reduce, so a new turn, an
-/// edit or a deleted conversation updates exactly its session's events and relations, and the result always
-/// equals a from-scratch build. Segmentation is greedy left to right, so a turn appended to a live session changes
-/// only the session's last event: earlier events keep their ids.
+/// group is segmented and related as a whole whenever it changes — a reduce, so a new turn, an edit or a deleted
+/// conversation updates exactly its session's events and relations, and the result always equals a from-scratch
+/// build. Without a model (`with_model == false`) the extractive answer ([`session_events`]) is the answer;
+/// segmentation is greedy left to right, so a turn appended to a live session changes only its last event and
+/// earlier events keep their ids. With a model, a session's events are the logged answer for its exact content
+/// (`logged`, keyed by [`session_key`]) and, until that answer is in, the extractive ones — so a live turn reaches
+/// the memory within an epoch, and the model's segmentation replaces it when it arrives.
 pub fn event_memory<'s, T>(
     nodes: differential_dataflow::VecCollection<'s, T, (String, crate::model::Node)>,
+    logged: differential_dataflow::VecCollection<'s, T, ((String, String), String)>,
     params: SegmentParams,
-) -> (
-    differential_dataflow::VecCollection<'s, T, (String, EventRow)>,
-    differential_dataflow::VecCollection<'s, T, (String, RelationRow)>,
-)
+    with_model: bool,
+) -> EventMemory<'s, T>
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
-    let sessions = nodes
+    type Key = (String, String, i64);
+    let turns = nodes
         .filter(|(_, n)| n.kind == crate::model::NodeKind::Turn)
-        .map(|(s, n)| ((s, n.doc.clone(), session_of(&n)), n))
-        .reduce(move |(_s, conv, session), turns: &[(&crate::model::Node, isize)], out: &mut Vec<((Vec<EventRow>, Vec<RelationRow>), isize)>| {
+        .map(|(s, n)| ((s, n.doc.clone(), session_of(&n)), n));
+    // Each session's content key (only with a model).
+    let keys = turns
+        .clone()
+        .filter(move |_| with_model)
+        .reduce(|_k: &Key, turns: &[(&crate::model::Node, isize)], out: &mut Vec<((String, Vec<(String, String)>), isize)>| {
             let live: Vec<&crate::model::Node> = turns.iter().filter(|(_, d)| *d > 0).map(|(n, _)| *n).collect();
-            if !live.is_empty() {
-                out.push((session_events(conv, *session, &live, &params), 1));
+            if live.is_empty() {
+                return;
             }
+            let (_, input) = sorted_turns(&live);
+            let payload = input.iter().map(|t| (t.id.clone(), serde_json::to_string(t).unwrap_or_default())).collect();
+            out.push(((session_key(&input), payload), 1));
+        });
+    let by_key = keys.clone().map(|((s, c, n), (key, _))| ((s, key), (c, n)));
+    let answers = by_key
+        .clone()
+        .join_map(logged.clone(), |(s, _key), (c, n), answer| ((s.clone(), c.clone(), *n), answer.clone()));
+    let answered = logged.map(|(k, _)| k).filter(|(_, key)| key.starts_with("seg:"));
+    let requests = keys
+        .map(|((s, _c, _n), (key, payload))| ((s, key), payload))
+        .antijoin(answered.distinct())
+        .map(|((s, key), payload)| (s, key, payload));
+    let sessions = turns
+        .map(|(k, n)| (k, (Some(n), None::<String>)))
+        .concat(answers.map(|(k, a)| (k, (None, Some(a)))))
+        .reduce(move |(_s, conv, session): &Key, vals: &[(&(Option<crate::model::Node>, Option<String>), isize)], out: &mut Vec<((Vec<EventRow>, Vec<RelationRow>), isize)>| {
+            let live: Vec<&crate::model::Node> = vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.0.as_ref()).collect();
+            if live.is_empty() {
+                return;
+            }
+            let answer = vals.iter().filter(|(_, d)| *d > 0).find_map(|(v, _)| v.1.as_deref());
+            let made = answer
+                .and_then(|a| answered_events(conv, *session, &live, a))
+                .unwrap_or_else(|| session_events(conv, *session, &live, &params));
+            out.push((made, 1));
         });
     let events = sessions.clone().flat_map(|((s, _, _), (events, _))| events.into_iter().map(move |e| (s.clone(), e)));
     let relations = sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r)));
-    (events, relations)
+    EventMemory { events, relations, requests }
 }

@@ -59,7 +59,9 @@ fn run(workers: usize, steps: Vec<Vec<(String, Node, isize)>>) -> Vec<Out> {
         let (es, rs) = (es.lock().unwrap().clone(), rs.lock().unwrap().clone());
         let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
             let (input, nodes) = scope.new_collection::<(String, Node), isize>();
-            let (events, relations) = event_memory(nodes, SegmentParams::default());
+            let (_logged_in, logged) = scope.new_collection::<((String, String), String), isize>();
+            let m = event_memory(nodes, logged, SegmentParams::default(), false);
+            let (events, relations) = (m.events, m.relations);
             events.inner.capture_into(es);
             let (probe, relations) = relations.probe();
             relations.inner.capture_into(rs);

@@ -562,10 +562,13 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
             &hparams,
         );
-        let (events, relations) = operators::events::event_memory(
+        let em = operators::events::event_memory(
             nodes.clone(),
+            logged.clone(),
             operators::events::SegmentParams { summary_words: shared.config.hierarchy.summary_words, ..Default::default() },
+            shared.config.llm.backend != crate::config::LlmBackend::Extractive,
         );
+        let (events, relations) = (em.events, em.relations);
         let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
         let embedder = shared.embedder.clone();
         let updates = embedded
@@ -576,6 +579,7 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(h.edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
             .concat(sm.texts.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
             .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)))
+            .concat(em.requests.map(|(s, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, String::new(), key, turns)))
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
@@ -625,6 +629,9 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
     })
 }
 
+/// The layer a session's segmentation request is filed under in the LLM work list (clusters use 1…max-layers).
+pub const SESSION_LAYER: u32 = u32::MAX;
+
 /// The body of every worker: worker 0 drives epochs until shutdown; the others follow.
 pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     let mut inputs = build_dataflow(worker, shared.clone());
@@ -669,6 +676,24 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
 /// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
 /// LLM on up to `llm.max-in-flight` threads, appends each response to the response log (fsync'd) and queues it as an
 /// input for the next epoch. A failed request is retried after another debounce; nothing is dropped.
+/// A session's events and relations from the model: `segment`, then `relate` over the events it gave; the logged
+/// answer is `{"events","relations"}` (operators::events::SessionAnswer).
+fn segment_session(llm: &dyn Llm, turns: &[&str]) -> Result<String, operators::summary::LlmError> {
+    use operators::events::{EventIn, SessionAnswer, TurnIn};
+    use operators::summary::LlmError;
+    let turns: Vec<TurnIn> = turns
+        .iter()
+        .map(|t| serde_json::from_str(t).map_err(|e| LlmError::BadReply(format!("a session turn: {e}"))))
+        .collect::<Result<_, _>>()?;
+    let events = llm.segment(&turns)?;
+    let ins: Vec<EventIn> = events
+        .iter()
+        .map(|e| EventIn { id: String::new(), summary: e.summary.clone(), people: e.people.clone(), time: e.time.clone() })
+        .collect();
+    let relations = if ins.len() > 1 { llm.relate(&ins)? } else { Vec::new() };
+    serde_json::to_string(&SessionAnswer { events, relations }).map_err(|e| LlmError::BadReply(e.to_string()))
+}
+
 pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
     type Job = ((String, String), Vec<String>);
     type Done = ((String, String), Result<String, operators::summary::LlmError>, Duration);
@@ -684,7 +709,7 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                 let Ok((key, texts)) = job else { return };
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let t = Instant::now();
-                let out = shared.llm.summarize(&refs);
+                let out = if key.1.starts_with("seg:") { segment_session(shared.llm.as_ref(), &refs) } else { shared.llm.summarize(&refs) };
                 if done_tx.send((key, out, t.elapsed())).is_err() {
                     return;
                 }

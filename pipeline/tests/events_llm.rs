@@ -1,0 +1,104 @@
+//! The event memory with `llm.backend = "openai"` against a local OpenAI-compatible test server that answers
+//! segmentation and relation requests from a script (one malformed reply included): the model's events replace the
+//! extractive ones, and a restart makes no call.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{get, Engine};
+use serde_json::{json, Value};
+
+type Calls = Arc<Mutex<BTreeMap<String, usize>>>;
+
+async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value> {
+    let stage = body["response_format"]["json_schema"]["name"].as_str().unwrap_or("?").to_string();
+    let n = {
+        let mut c = calls.lock().unwrap();
+        let e = c.entry(stage.clone()).or_default();
+        *e += 1;
+        *e
+    };
+    let user = body["messages"][1]["content"].as_str().unwrap_or("");
+    let rows: Value = user.find('[').and_then(|i| serde_json::from_str(&user[i..]).ok()).unwrap_or(Value::Null);
+    let count = rows.as_array().map_or(0, Vec::len);
+    let content = match stage.as_str() {
+        // The very first segmentation reply leaves out the last turn: the client sends it back once (repair).
+        "segment" if n == 1 && body["messages"].as_array().unwrap().len() == 2 => {
+            json!({"events": [{"turns": [1], "summary": "incomplete", "people": [], "time": null}]})
+        }
+        "segment" => {
+            let events: Vec<Value> = (0..count)
+                .collect::<Vec<_>>()
+                .chunks(4)
+                .enumerate()
+                .map(|(k, c)| json!({"turns": c.iter().map(|i| i + 1).collect::<Vec<_>>(), "summary": format!("LLM event {}", k + 1),
+                                     "people": [rows[c[0]]["speaker"]], "time": rows[c[0]]["time"]}))
+                .collect();
+            json!({"events": events})
+        }
+        "relate" => json!({"relations": (1..count).map(|i| json!({"from": i, "to": i + 1, "kind": "causal"})).collect::<Vec<_>>()}),
+        _ => json!({"summary": "a cluster summary"}),
+    };
+    Json(json!({"choices": [{"message": {"role": "assistant", "content": content.to_string()}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+}
+
+async fn settled(engine: &Engine) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if let Some(s) = spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == "standup")) {
+            if s["nodes"] == 54 && s["summaries_pending"] == 0 {
+                let (_, ev) = get(&format!("{}/v1/spaces/standup/events", engine.api)).await;
+                if ev["events"].as_array().unwrap().iter().all(|e| e["summary"].as_str().unwrap().starts_with("LLM event")) {
+                    return ev;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "not settled: {spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
+    let calls: Calls = Arc::default();
+    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(dir.path(), &["--input", &standup], &env);
+    let ev = settled(&engine).await;
+    let events = ev["events"].as_array().unwrap();
+    // Two sessions (26 and 28 turns) in events of four turns: 7 + 7.
+    assert_eq!(events.len(), 14, "{ev}");
+    assert_eq!(events[0]["turns"].as_array().unwrap().len(), 4);
+    assert_eq!(events[0]["people"], json!(["Ana"]));
+    let relations = ev["relations"].as_array().unwrap();
+    assert_eq!(relations.len(), 12, "a causal chain in each session");
+    // Evidence: the turns of both ends (4 + 4, or 4 + 2 at the end of the 26-turn session).
+    assert!(relations.iter().all(|r| r["kind"] == "causal" && [6, 8].contains(&r["evidence"].as_array().unwrap().len())));
+    let made = calls.lock().unwrap().clone();
+    assert_eq!(made.get("segment"), Some(&3), "two sessions, one repaired: {made:?}");
+    assert_eq!(made.get("relate"), Some(&2), "{made:?}");
+    assert_eq!(engine.terminate(), Some(0));
+
+    let engine = Engine::start(dir.path(), &["--input", &standup], &env);
+    assert_eq!(settled(&engine).await["events"], ev["events"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(*calls.lock().unwrap(), made, "a restart makes no call");
+}
