@@ -28,7 +28,7 @@ pub struct EvalArgs {
     #[arg(long)]
     data: PathBuf,
     /// Modes to evaluate (default: flat and prune-and-grow).
-    #[arg(long = "mode", value_parser = ["flat", "prune-and-grow"])]
+    #[arg(long = "mode", value_parser = ["flat", "prune-and-grow", "compass"])]
     modes: Vec<String>,
     /// Evidence budgets in words.
     #[arg(long, value_delimiter = ',', default_value = "250,500,1000")]
@@ -130,9 +130,16 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let build_seconds = started.elapsed().as_secs_f64();
     eprintln!("ingested {} turns in {build_seconds:.1}s; {} questions", records.len(), questions.len());
     let modes: Vec<Mode> = if args.modes.is_empty() {
-        vec![Mode::Flat, Mode::PruneAndGrow]
+        vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]
     } else {
-        args.modes.iter().map(|m| if m == "flat" { Mode::Flat } else { Mode::PruneAndGrow }).collect()
+        args.modes
+            .iter()
+            .map(|m| match m.as_str() {
+                "flat" => Mode::Flat,
+                "compass" => Mode::Compass,
+                _ => Mode::PruneAndGrow,
+            })
+            .collect()
     };
     // (mode, budget, category) → (n, recall sum)
     let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();

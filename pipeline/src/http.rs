@@ -237,13 +237,6 @@ fn validate_query(s: &Shared, req: &QueryRequest) -> Result<(), AppError> {
     if !(1..=100_000).contains(&budget) {
         return Err(AppError::bad_request(format!("`budget_words` = {budget} must be in 1..=100000")));
     }
-    if req.mode == Mode::Compass {
-        return Err(AppError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "unsupported_mode",
-            format!("mode `{}` is not available yet in this build; use `flat` or `prune-and-grow`", req.mode.as_str()),
-        ));
-    }
     Ok(())
 }
 
@@ -260,7 +253,8 @@ pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<Quer
         .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
     let (evidence, trace) = match req.mode {
         Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &req.query, k, budget),
-        _ => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
+        Mode::Compass => query::compass(view, s.embedder.as_ref(), &req.query, k, budget),
+        Mode::Flat => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
     };
     s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
     Ok(QueryResponse { evidence, answer: None, as_of: views.as_of, trace })

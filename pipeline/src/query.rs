@@ -215,3 +215,136 @@ pub fn prune_and_grow(
     }
     (out, trace)
 }
+
+/// The planner without a model: the question, and its clauses when it joins two questions ("… and …", "…? …"),
+/// each of at least three words.
+pub fn plan(query: &str) -> Vec<String> {
+    let mut goals = vec![query.trim().to_string()];
+    let parts: Vec<&str> = query
+        .split(['?', ';'])
+        .flat_map(|p| p.split(" and "))
+        .map(str::trim)
+        .filter(|p| p.split_whitespace().count() >= 3)
+        .collect();
+    if parts.len() > 1 {
+        goals.extend(parts.into_iter().map(str::to_string));
+    }
+    goals
+}
+
+/// CompassMem's retrieval without a model. *Planner*: [`plan`]. *Explorers*: per subgoal, the top-k events by the
+/// best of their summary's and their turns' cosine seed a walk along typed relations (both directions, up to two
+/// hops, each hop worth 0.8 of the event it came from); events reached within half of the best score are kept.
+/// *Responder* (evidence only, no answer without a model): every layer-0 node ranked by the best of its own score
+/// and 0.9 × its kept event's score — the turns of the events the walk found, around and between the best turns —
+/// consecutive turns merged into passages, cut to the word budget. A space without events is answered as `flat`.
+pub fn compass(view: &SpaceView, embedder: &dyn Embedder, query: &str, k: usize, budget_words: usize) -> (Vec<Evidence>, Vec<serde_json::Value>) {
+    use std::collections::{BTreeMap, HashMap};
+    let goals = plan(query);
+    let mut trace = vec![json!({"step": "plan", "subgoals": goals, "why": "the question and its clauses (no model)"})];
+    if view.events.is_empty() {
+        let (e, t) = flat(view, embedder, query, k.max(10), budget_words);
+        trace.push(json!({"step": "explore", "why": "no events in this space: flat retrieval"}));
+        trace.extend(t);
+        return (e, trace);
+    }
+    let qs: Vec<operators::Embedding> = goals.iter().map(|g| embedder.embed(g)).collect();
+    let node_score: HashMap<&str, f32> = view
+        .nodes
+        .iter()
+        .map(|(id, (_, e))| (id.as_str(), qs.iter().map(|q| q.dot(e)).fold(f32::MIN, f32::max)))
+        .collect();
+    let mut related: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
+    for r in &view.relations {
+        let kind = r.kind.name();
+        related.entry(r.from.as_str()).or_default().push((r.to.as_str(), kind));
+        related.entry(r.to.as_str()).or_default().push((r.from.as_str(), kind));
+    }
+    let mut reached: HashMap<&str, f32> = HashMap::new();
+    for (g, q) in goals.iter().zip(&qs) {
+        let score = |id: &str| -> f32 {
+            let e = &view.events[id];
+            let own = view.event_vectors.get(id).map_or(f32::MIN, |v| q.dot(v));
+            e.turns.iter().filter_map(|t| view.nodes.get(t)).map(|(_, v)| q.dot(v)).fold(own, f32::max)
+        };
+        let mut ranked: Vec<(f32, &str)> = view.events.keys().map(|id| (score(id), id.as_str())).collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let best = ranked.first().map_or(0.0, |r| r.0);
+        let mut here: BTreeMap<&str, f32> = ranked.iter().take(k).filter(|r| r.0 >= 0.5 * best).map(|r| (r.1, r.0)).collect();
+        let mut frontier: Vec<(&str, f32)> = here.iter().map(|(id, s)| (*id, *s)).collect();
+        let mut walked = Vec::new();
+        for _hop in 0..2 {
+            let mut next = Vec::new();
+            for (id, s) in &frontier {
+                for (to, kind) in related.get(id).map(Vec::as_slice).unwrap_or(&[]) {
+                    let via = 0.8 * s;
+                    let got = score(to).max(via);
+                    if got >= 0.5 * best && here.get(to).is_none_or(|old| *old < got) {
+                        here.insert(to, got);
+                        next.push((*to, got));
+                        walked.push(json!({"from": id, "to": to, "relation": kind}));
+                    }
+                }
+            }
+            frontier = next;
+        }
+        trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked,
+                          "why": "top-k events, then typed relations within half of the best score"}));
+        for (id, s) in here {
+            let e = reached.entry(id).or_insert(f32::MIN);
+            *e = e.max(s);
+        }
+    }
+    // Rank every layer-0 node; a turn of a kept event is lifted to 0.9 × the event's score.
+    let mut ranked: Vec<(f32, &Node)> = view
+        .nodes
+        .iter()
+        .map(|(id, (n, _))| {
+            let own = node_score[id.as_str()];
+            let lift = view.event_of.get(id).and_then(|e| reached.get(e.as_str())).map_or(f32::MIN, |s| 0.9 * s);
+            (own.max(lift), n)
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let mut chosen: Vec<(f32, &Node)> = Vec::new();
+    let mut words = 0;
+    for (s, n) in ranked {
+        if words >= budget_words {
+            break;
+        }
+        words += n.text.split_whitespace().count();
+        chosen.push((s, n));
+    }
+    // Consecutive turns of one conversation become one passage, in rank order of their best turn.
+    chosen.sort_by(|a, b| (a.1.doc.as_str(), a.1.pos).cmp(&(b.1.doc.as_str(), b.1.pos)));
+    let mut passages: Vec<(f32, Vec<&Node>)> = Vec::new();
+    for (s, n) in chosen {
+        match passages.last_mut() {
+            Some((best, run)) if run.last().is_some_and(|p| p.doc == n.doc && n.pos - p.pos <= operators::model::POSITION_SCALE) => {
+                *best = best.max(s);
+                run.push(n);
+            }
+            _ => passages.push((s, vec![n])),
+        }
+    }
+    passages.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1[0].id.cmp(&b.1[0].id)));
+    let mut out = Vec::new();
+    let mut words = 0;
+    for (s, run) in passages {
+        if words >= budget_words {
+            break;
+        }
+        let text = run.iter().map(|n| match &n.speaker { Some(sp) => format!("{sp}: {}", n.text), None => n.text.clone() }).collect::<Vec<_>>().join("\n");
+        let ws: Vec<&str> = text.split_whitespace().collect();
+        let take = ws.len().min(budget_words - words);
+        words += take;
+        let first = run[0];
+        let mut source = source_of(first);
+        source["nodes"] = json!(run.iter().map(|n| n.id.as_str()).collect::<Vec<_>>());
+        source["events"] = json!(run.iter().filter_map(|n| view.event_of.get(&n.id)).collect::<std::collections::BTreeSet<_>>());
+        let id = if run.len() == 1 { first.id.clone() } else { format!("{}..{}", first.id, run[run.len() - 1].id) };
+        trace.push(json!({"step": "keep", "id": id, "score": s, "why": "a turn of an explored event, or among the best turns"}));
+        out.push(Evidence { id, layer: 0, kind: first.kind, text: if take < ws.len() { ws[..take].join(" ") } else { text }, score: s, source });
+    }
+    (out, trace)
+}

@@ -50,6 +50,10 @@ pub struct SpaceView {
     /// Events by id, and their relations.
     pub events: BTreeMap<String, operators::events::EventRow>,
     pub relations: BTreeSet<operators::events::RelationRow>,
+    /// Event id → the embedding of its summary and people (for `compass`).
+    pub event_vectors: HashMap<String, Embedding>,
+    /// Turn id → its event.
+    pub event_of: HashMap<String, String>,
 }
 
 impl SpaceView {
@@ -196,9 +200,20 @@ impl Views {
                 ViewUpdate::Event(space, e) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
+                        let text = format!("{} ({})", e.summary, e.people.join(", "));
+                        view.event_vectors.insert(e.id.clone(), embed(&text));
+                        for t in &e.turns {
+                            view.event_of.insert(t.clone(), e.id.clone());
+                        }
                         view.events.insert(e.id.clone(), e);
                     } else if view.events.get(&e.id) == Some(&e) {
                         view.events.remove(&e.id);
+                        view.event_vectors.remove(&e.id);
+                        for t in &e.turns {
+                            if view.event_of.get(t) == Some(&e.id) {
+                                view.event_of.remove(t);
+                            }
+                        }
                     }
                 }
                 ViewUpdate::Relation(space, r) => {

@@ -52,6 +52,20 @@ async fn standup_events_relations_live_turns_and_retraction() {
     assert_eq!(node["kind"], "event");
     assert!(node["relations"].as_array().unwrap().len() >= 2, "{node}");
 
+    // Compass: planner, explorers over the events and their relations, turns of the explored events as evidence.
+    let q = json!({"query": "What went wrong with the migration and who is fixing it?", "mode": "compass", "k": 3, "budget_words": 200});
+    let (status, resp) = post(&format!("{}/v1/spaces/standup/query", engine.api), q.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    let steps: Vec<&str> = resp["trace"].as_array().unwrap().iter().filter_map(|t| t["step"].as_str()).collect();
+    assert_eq!(&steps[..2], &["plan", "explore"], "{steps:?}");
+    assert!(resp["trace"][0]["subgoals"].as_array().unwrap().len() >= 2, "the question's clauses: {}", resp["trace"][0]);
+    let evidence = resp["evidence"].as_array().unwrap();
+    assert!(!evidence.is_empty());
+    assert!(evidence.iter().all(|e| !e["source"]["events"].as_array().unwrap().is_empty()));
+    assert!(evidence.iter().any(|e| e["text"].as_str().unwrap().contains("igration")), "{resp}");
+    let words: usize = evidence.iter().map(|e| e["text"].as_str().unwrap().split_whitespace().count()).sum();
+    assert!(words <= 200);
+
     // Live: a new turn is in an event as soon as its receipt is reflected; earlier events keep their ids.
     let turn = json!({"kind": "turn", "conversation": "team-standup", "turn": "D2:29", "speaker": "Ana",
                       "text": "One more thing: the demo for Brightwater Foods moves to Friday at ten."});

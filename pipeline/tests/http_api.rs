@@ -125,7 +125,6 @@ async fn bad_bodies_get_clear_errors_and_dead_letters() {
         ("{\"query\":\"x\",\"mode\":\"magic\"}", 400, "bad_request"),
         ("{\"query\":\"x\",\"k\":0}", 400, "bad_request"),
         ("{\"query\":\"x\",\"colour\":1}", 400, "bad_request"),
-        ("{\"query\":\"x\",\"mode\":\"compass\"}", 501, "unsupported_mode"),
     ] {
         let (s, e) = post(&qurl, body).await;
         assert_eq!((s, e["error"]["code"].as_str().unwrap()), (status, code), "{body} → {e}");
