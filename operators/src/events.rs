@@ -474,3 +474,46 @@ where
     let relations = sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r)));
     EventMemory { events, relations, requests }
 }
+
+/// A unit vector quantised to 1/10000 per component: orderable, so it can be joined and arranged, and the same
+/// bits on every worker.
+pub fn quantise(v: &[f32]) -> Vec<i16> {
+    v.iter().map(|x| (x * 10_000.0).round().clamp(-32_767.0, 32_767.0) as i16).collect()
+}
+
+/// The cosine of two quantised unit vectors.
+pub fn quantised_cos(a: &[i16], b: &[i16]) -> f32 {
+    let dot: i64 = a.iter().zip(b).map(|(x, y)| i64::from(*x) * i64::from(*y)).sum();
+    dot as f32 / 1e8
+}
+
+/// Merging (CompassMem): events of one space whose vectors (of summary and people) reach cosine ≥ `tau` are linked;
+/// merged events are the connected components of those links, each named by its smallest event id. Links come from
+/// a self-join per space (a new event is compared with the space's events once); components from an iterative
+/// min-label propagation, so an insert or delete anywhere updates exactly the groups it touches. Output:
+/// `(space, event, group)` for every event (a lone event is its own group).
+pub fn event_merges<'s, T>(
+    vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
+    tau: f32,
+) -> differential_dataflow::VecCollection<'s, T, (String, String, String)>
+where
+    T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
+{
+    use differential_dataflow::operators::iterate::Iterate;
+    let by_space = vectors.clone().map(|(s, id, v)| (s, (id, v)));
+    let links = by_space
+        .clone()
+        .join_map(by_space, move |s, (a, va), (b, vb)| (a != b && quantised_cos(va, vb) >= tau).then(|| (s.clone(), a.clone(), b.clone())))
+        .flat_map(|link| link)
+        .map(|(s, a, b)| ((s.clone(), a), (s, b)));
+    let nodes = vectors.map(|(s, id, _)| ((s.clone(), id.clone()), id));
+    let labels = nodes.clone().iterate(|scope, inner| {
+        let nodes = nodes.enter(scope);
+        let links = links.enter(scope);
+        inner
+            .join_map(links, |_a, label, b| (b.clone(), label.clone()))
+            .concat(nodes)
+            .reduce(|_k, labels: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((labels[0].0.clone(), 1)))
+    });
+    labels.map(|((s, id), group)| (s, id, group))
+}

@@ -21,6 +21,7 @@ pub struct Config {
     pub admin: SocketAddr,
     pub ingest: IngestConfig,
     pub embedder: EmbedderConfig,
+    pub events: EventsConfig,
     pub similarity: SimilarityParams,
     pub hierarchy: HierarchyConfig,
     pub llm: LlmConfig,
@@ -67,6 +68,13 @@ pub struct EmbedderConfig {
     pub tokens_per_minute: u32,
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct EventsConfig {
+    /// Events of one space whose (summary | people) vectors reach this cosine merge (CompassMem: 0.88).
+    pub merge_threshold: f32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -241,6 +249,9 @@ impl Config {
         }
         if i.max_id_bytes == 0 {
             errs.push("ingest.max-id-bytes must be positive".into());
+        }
+        if !(self.events.merge_threshold > 0.0 && self.events.merge_threshold <= 1.0) {
+            errs.push(format!("events.merge-threshold = {} must be in (0, 1]", self.events.merge_threshold));
         }
         if !(8..=65536).contains(&self.embedder.dim) {
             errs.push(format!("embedder.dim = {} must be in 8..=65536", self.embedder.dim));

@@ -569,6 +569,15 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             shared.config.llm.backend != crate::config::LlmBackend::Extractive,
         );
         let (events, relations) = (em.events, em.relations);
+        // Merging: each event embedded (as a pseudo-node, so batch-dependent embedders retract exactly) and quantised.
+        let event_nodes = events.clone().map(|(s, e)| {
+            let text = format!("{} | {}", e.summary, e.people.join(", "));
+            (s, Node { id: e.id, kind: operators::NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None })
+        });
+        let merges = operators::events::event_merges(
+            embed_nodes(event_nodes, shared.embedder.clone()).map(|(s, n, v)| (s, n.id, operators::events::quantise(&v.0))),
+            shared.config.events.merge_threshold,
+        );
         let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
         let embedder = shared.embedder.clone();
         let updates = embedded
@@ -581,7 +590,8 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)))
             .concat(em.requests.map(|(s, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, String::new(), key, turns)))
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
-            .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)));
+            .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
+            .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
         updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {

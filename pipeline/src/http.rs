@@ -84,7 +84,8 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
             json!({
                 "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
                 "clusters": v.clusters.len(), "summaries_pending": v.requests.len(),
-                "events": v.events.len(), "relations": v.relations.len(), "topics": 0, "as_of": views.as_of,
+                "events": v.events.len(), "relations": v.relations.len(),
+                "merged_events": v.groups.iter().filter(|(e, g)| e != g).count(), "topics": 0, "as_of": views.as_of,
             })
         })
         .collect();
@@ -323,6 +324,14 @@ async fn events(
         .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
     let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
     events.sort_by(|a, b| (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns)));
+    let events: Vec<serde_json::Value> = events
+        .into_iter()
+        .map(|e| {
+            let mut v = serde_json::to_value(e).unwrap_or_default();
+            v["group"] = json!(view.groups.get(&e.id).unwrap_or(&e.id));
+            v
+        })
+        .collect();
     Ok(Json(json!({"events": events, "relations": view.relations, "as_of": views.as_of})))
 }
 

@@ -25,6 +25,8 @@ pub enum ViewUpdate {
     Event(String, operators::events::EventRow),
     /// A typed relation between two events.
     Relation(String, operators::events::RelationRow),
+    /// `(space, event, group)`: the merge group of an event.
+    Merge(String, String, String),
 }
 
 /// A node of layer ≥ 1: a cluster of the layer below.
@@ -54,6 +56,8 @@ pub struct SpaceView {
     pub event_vectors: HashMap<String, Embedding>,
     /// Turn id → its event.
     pub event_of: HashMap<String, String>,
+    /// Event id → its merge group (the smallest event id of its component; itself when alone).
+    pub groups: HashMap<String, String>,
 }
 
 impl SpaceView {
@@ -72,7 +76,7 @@ impl SpaceView {
 
     fn is_empty(&self) -> bool {
         self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty() && self.events.is_empty()
-            && self.relations.is_empty()
+            && self.relations.is_empty() && self.groups.is_empty()
     }
 }
 
@@ -224,6 +228,14 @@ impl Views {
                         view.relations.remove(&r);
                     }
                 }
+                ViewUpdate::Merge(space, e, g) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        view.groups.insert(e, g);
+                    } else if view.groups.get(&e) == Some(&g) {
+                        view.groups.remove(&e);
+                    }
+                }
                 ViewUpdate::Error(row) => {
                     if d > 0 {
                         self.errors_total += 1;
@@ -302,6 +314,7 @@ impl ViewUpdate {
             ViewUpdate::Event(s, e) => (s, json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
                                                   "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
             ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
+            ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
             ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
         };
         let mut body = body;

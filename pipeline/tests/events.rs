@@ -78,6 +78,32 @@ async fn standup_events_relations_live_turns_and_retraction() {
     let kept = events[..events.len() - 1].iter().filter(|e| after_events.iter().any(|a| a["id"] == e["id"])).count();
     assert_eq!(kept, events.len() - 1, "appending a turn changes only the last event");
 
+    // Merging: a second conversation that retells the first session merges with it, event by event (the same
+    // segmentation, the same summaries: cosine 1 ≥ 0.88).
+    let copy: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("\"D1:"))
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["conversation"] = json!("retold");
+            v.as_object_mut().unwrap().remove("space");
+            v.to_string()
+        })
+        .collect();
+    let (_, r) = post(&format!("{}/v1/spaces/standup/records", engine.api), copy.join("\n")).await;
+    let receipt = r["receipt"].as_str().unwrap();
+    let (_, merged) = get(&format!("{}/v1/spaces/standup/events?after={receipt}", engine.api)).await;
+    let retold: Vec<&Value> = merged["events"].as_array().unwrap().iter().filter(|e| e["conversation"] == "retold").collect();
+    assert!(!retold.is_empty());
+    let all_events = merged["events"].as_array().unwrap();
+    for e in &retold {
+        let partner = all_events.iter().any(|o| o["conversation"] == "team-standup" && o["group"] == e["group"]);
+        assert!(partner, "a retold event shares a group with an original one: {e}");
+    }
+    assert!(space(&engine, "standup").await["merged_events"].as_u64().unwrap() >= retold.len() as u64);
+    let del = json!({"kind": "delete", "conversation": "retold"});
+    post(&format!("{}/v1/spaces/standup/records", engine.api), del.to_string()).await;
+
     // Deleting the conversation retracts its events and relations.
     let del = json!({"kind": "delete", "conversation": "team-standup"});
     let (status, r) = post(&format!("{}/v1/spaces/standup/records", engine.api), del.to_string()).await;

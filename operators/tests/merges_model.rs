@@ -1,0 +1,130 @@
+//! Event merging in the dataflow equals union-find over the live events after every epoch of seeded random inserts
+//! and deletes (1 and 3 workers), and a from-scratch build.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{mpsc, Arc, Mutex};
+
+use differential_dataflow::input::Input;
+use engram_operators::events::{event_merges, quantise, quantised_cos};
+use rand::{Rng, SeedableRng};
+use timely::dataflow::operators::capture::{Capture, Extract};
+
+const TAU: f32 = 0.88;
+type Ev = (String, String, Vec<i16>);
+
+fn vector(rng: &mut rand::rngs::StdRng, prototype: usize) -> Vec<i16> {
+    // Near one of four directions, or noise: some pairs above τ, chains of them, and loners.
+    let mut v: Vec<f32> = (0..16).map(|i| if i == prototype * 4 || i == prototype * 4 + 1 { 1.0 } else { 0.0 }).collect();
+    for x in v.iter_mut() {
+        *x += rng.gen_range(-0.2..0.2);
+    }
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    quantise(&v.iter().map(|x| x / n).collect::<Vec<_>>())
+}
+
+fn expected(live: &BTreeSet<Ev>) -> BTreeSet<(String, String, String)> {
+    let items: Vec<&Ev> = live.iter().collect();
+    let mut parent: Vec<usize> = (0..items.len()).collect();
+    fn find(p: &mut Vec<usize>, x: usize) -> usize {
+        if p[x] != x {
+            let r = find(p, p[x]);
+            p[x] = r;
+        }
+        p[x]
+    }
+    for i in 0..items.len() {
+        for j in i + 1..items.len() {
+            if items[i].0 == items[j].0 && quantised_cos(&items[i].2, &items[j].2) >= TAU {
+                let (a, b) = (find(&mut parent, i), find(&mut parent, j));
+                parent[a.max(b)] = a.min(b);
+            }
+        }
+    }
+    let mut group: BTreeMap<usize, String> = BTreeMap::new();
+    for i in 0..items.len() {
+        let r = find(&mut parent, i);
+        let g = group.entry(r).or_insert_with(|| items[i].1.clone());
+        if items[i].1 < *g {
+            *g = items[i].1.clone();
+        }
+    }
+    (0..items.len()).map(|i| { let r = find(&mut parent, i); (items[i].0.clone(), items[i].1.clone(), group[&r].clone()) }).collect()
+}
+
+fn run(workers: usize, steps: Vec<Vec<(Ev, isize)>>) -> Vec<BTreeSet<(String, String, String)>> {
+    let (tx, rx) = mpsc::channel();
+    let tx = Arc::new(Mutex::new(tx));
+    let n = steps.len() as u64;
+    timely::execute(timely::Config::process(workers), move |worker| {
+        let tx = tx.lock().unwrap().clone();
+        let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, vectors) = scope.new_collection::<Ev, isize>();
+            let (probe, merged) = event_merges(vectors, TAU).probe();
+            merged.inner.capture_into(tx);
+            (input, probe)
+        });
+        for (t, step) in steps.iter().enumerate() {
+            if worker.index() == 0 {
+                for (e, d) in step {
+                    input.update(e.clone(), *d);
+                }
+            }
+            input.advance_to(t as u64 + 1);
+            input.flush();
+            worker.step_while(|| probe.less_than(&(t as u64 + 1)));
+        }
+    })
+    .unwrap();
+    let got = rx.extract();
+    let mut acc: BTreeMap<(String, String, String), isize> = BTreeMap::new();
+    (0..n)
+        .map(|t| {
+            for (time, rows) in &got {
+                if *time == t {
+                    for (x, _, d) in rows {
+                        *acc.entry(x.clone()).or_default() += d;
+                    }
+                }
+            }
+            assert!(acc.values().all(|d| *d >= 0 && *d <= 1), "multiplicities 0 or 1");
+            acc.iter().filter(|(_, d)| **d > 0).map(|(x, _)| x.clone()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn merges_equal_union_find_after_every_epoch() {
+    for seed in [7u64, 8] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut live: BTreeSet<Ev> = BTreeSet::new();
+        let (mut steps, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..10 {
+            let mut step = Vec::new();
+            for _ in 0..rng.gen_range(1..8) {
+                if live.is_empty() || rng.gen_bool(0.75) {
+                    let proto = rng.gen_range(0..4);
+                    let e = (format!("s{}", rng.gen_range(0..2)), format!("E:{:04}", rng.gen_range(0..60)), vector(&mut rng, proto));
+                    if !live.iter().any(|x| x.0 == e.0 && x.1 == e.1) && live.insert(e.clone()) {
+                        step.push((e, 1));
+                    }
+                } else {
+                    let e = live.iter().nth(rng.gen_range(0..live.len())).unwrap().clone();
+                    live.remove(&e);
+                    step.push((e, -1));
+                }
+            }
+            steps.push(step);
+            want.push(expected(&live));
+        }
+        let merged = want.iter().map(|w| w.iter().filter(|(_, id, g)| id != g).count()).max().unwrap();
+        assert!(merged >= 3, "the test exercises merging: {merged}");
+        for workers in [1, 3] {
+            let got = run(workers, steps.clone());
+            for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "seed {seed}, {workers} workers, epoch {t}");
+            }
+        }
+        let scratch = run(1, vec![live.iter().map(|e| (e.clone(), 1)).collect()]);
+        assert_eq!(scratch[0], want[want.len() - 1]);
+    }
+}
