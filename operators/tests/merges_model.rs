@@ -128,3 +128,69 @@ fn merges_equal_union_find_after_every_epoch() {
         assert_eq!(scratch[0], want[want.len() - 1]);
     }
 }
+
+#[test]
+fn topics_are_a_function_of_the_current_events() {
+    use engram_operators::events::{event_topics, kmeans_topics, topic_count};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    // Four well-separated directions, 6 events each: k-means with k = 4 finds them.
+    let items: Vec<(String, Vec<i16>)> = (0..24).map(|i| (format!("E:{i:03}"), vector(&mut rng, i % 4))).collect();
+    let refs: Vec<(&str, &[i16])> = items.iter().map(|(a, v)| (a.as_str(), v.as_slice())).collect();
+    assert_eq!(topic_count(24), 4);
+    let t = kmeans_topics(&refs);
+    for i in 0..24 {
+        for j in 0..24 {
+            assert_eq!(t[i] == t[j], i % 4 == j % 4, "events {i} and {j}");
+        }
+    }
+    // Order of input does not matter.
+    let mut rev = refs.clone();
+    rev.reverse();
+    let tr = kmeans_topics(&rev);
+    for i in 0..24 {
+        assert_eq!(rev[tr[i]].0, refs[t[23 - i]].0);
+    }
+    // In the dataflow, after inserts and a delete, the topics equal the function of what is left.
+    let (tx, rx) = mpsc::channel();
+    let tx = Arc::new(Mutex::new(tx));
+    let feed = items.clone();
+    timely::execute(timely::Config::process(2), move |worker| {
+        let tx = tx.lock().unwrap().clone();
+        let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
+            let (input, vectors) = scope.new_collection::<(String, String, Vec<i16>), isize>();
+            let (probe, topics) = event_topics(vectors).probe();
+            topics.inner.capture_into(tx);
+            (input, probe)
+        });
+        if worker.index() == 0 {
+            for (id, v) in &feed {
+                input.insert(("s".into(), id.clone(), v.clone()));
+            }
+        }
+        input.advance_to(1);
+        input.flush();
+        worker.step_while(|| probe.less_than(&1));
+        if worker.index() == 0 {
+            for (id, v) in feed.iter().filter(|(id, _)| id.ends_with('0') || id.ends_with('4')) {
+                input.remove(("s".into(), id.clone(), v.clone()));
+            }
+        }
+        input.advance_to(2);
+        input.flush();
+        worker.step_while(|| probe.less_than(&2));
+    })
+    .unwrap();
+    let mut acc: BTreeMap<(String, String, String), isize> = BTreeMap::new();
+    for (_, rows) in rx.extract() {
+        for (x, _, d) in rows {
+            *acc.entry(x).or_default() += d;
+        }
+    }
+    let got: BTreeSet<(String, String)> = acc.into_iter().filter(|(_, d)| *d > 0).map(|((_, t, e), _)| (t, e)).collect();
+    let left: Vec<&(String, Vec<i16>)> = items.iter().filter(|(id, _)| !(id.ends_with('0') || id.ends_with('4'))).collect();
+    let refs: Vec<(&str, &[i16])> = left.iter().map(|(a, v)| (a.as_str(), v.as_slice())).collect();
+    let want: BTreeSet<(String, String)> =
+        kmeans_topics(&refs).into_iter().enumerate().map(|(i, t)| (format!("T:{}", refs[t].0), refs[i].0.to_string())).collect();
+    assert_eq!(got, want);
+    assert_eq!(got.len(), left.len());
+}

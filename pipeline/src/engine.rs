@@ -574,10 +574,10 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             let text = format!("{} | {}", e.summary, e.people.join(", "));
             (s, Node { id: e.id, kind: operators::NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None })
         });
-        let merges = operators::events::event_merges(
-            embed_nodes(event_nodes, shared.embedder.clone()).map(|(s, n, v)| (s, n.id, operators::events::quantise(&v.0))),
-            shared.config.events.merge_threshold,
-        );
+        let event_vectors =
+            embed_nodes(event_nodes, shared.embedder.clone()).map(|(s, n, v)| (s, n.id, operators::events::quantise(&v.0)));
+        let merges = operators::events::event_merges(event_vectors.clone(), shared.config.events.merge_threshold);
+        let topics = operators::events::event_topics(event_vectors);
         let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
         let embedder = shared.embedder.clone();
         let updates = embedded
@@ -591,7 +591,8 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(em.requests.map(|(s, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, String::new(), key, turns)))
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
-            .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)));
+            .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
+            .concat(topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
         updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {

@@ -85,7 +85,8 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
                 "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
                 "clusters": v.clusters.len(), "summaries_pending": v.requests.len(),
                 "events": v.events.len(), "relations": v.relations.len(),
-                "merged_events": v.groups.iter().filter(|(e, g)| e != g).count(), "topics": 0, "as_of": views.as_of,
+                "merged_events": v.groups.iter().filter(|(e, g)| e != g).count(),
+                "topics": v.topic_of.values().collect::<std::collections::HashSet<_>>().len(), "as_of": views.as_of,
             })
         })
         .collect();
@@ -329,6 +330,7 @@ async fn events(
         .map(|e| {
             let mut v = serde_json::to_value(e).unwrap_or_default();
             v["group"] = json!(view.groups.get(&e.id).unwrap_or(&e.id));
+            v["topic"] = json!(view.topic_of.get(&e.id));
             v
         })
         .collect();

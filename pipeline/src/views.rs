@@ -27,6 +27,8 @@ pub enum ViewUpdate {
     Relation(String, operators::events::RelationRow),
     /// `(space, event, group)`: the merge group of an event.
     Merge(String, String, String),
+    /// `(space, topic, event)`: an event's topic.
+    Topic(String, String, String),
 }
 
 /// A node of layer ≥ 1: a cluster of the layer below.
@@ -58,6 +60,8 @@ pub struct SpaceView {
     pub event_of: HashMap<String, String>,
     /// Event id → its merge group (the smallest event id of its component; itself when alone).
     pub groups: HashMap<String, String>,
+    /// Event id → its topic (`T:<smallest member>`).
+    pub topic_of: HashMap<String, String>,
 }
 
 impl SpaceView {
@@ -77,6 +81,7 @@ impl SpaceView {
     fn is_empty(&self) -> bool {
         self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty() && self.events.is_empty()
             && self.relations.is_empty() && self.groups.is_empty()
+            && self.topic_of.is_empty()
     }
 }
 
@@ -228,6 +233,14 @@ impl Views {
                         view.relations.remove(&r);
                     }
                 }
+                ViewUpdate::Topic(space, t, e) => {
+                    let view = self.spaces.entry(space).or_default();
+                    if d > 0 {
+                        view.topic_of.insert(e, t);
+                    } else if view.topic_of.get(&e) == Some(&t) {
+                        view.topic_of.remove(&e);
+                    }
+                }
                 ViewUpdate::Merge(space, e, g) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
@@ -315,6 +328,7 @@ impl ViewUpdate {
                                                   "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
             ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
             ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
+            ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
             ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
         };
         let mut body = body;

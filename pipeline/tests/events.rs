@@ -37,6 +37,9 @@ async fn standup_events_relations_live_turns_and_retraction() {
         .map(|l| format!("team-standup#{}", serde_json::from_str::<Value>(l).unwrap()["turn"].as_str().unwrap()))
         .collect();
     assert_eq!(turns, want);
+    let topics: std::collections::BTreeSet<&str> = events.iter().map(|e| e["topic"].as_str().unwrap()).collect();
+    assert_eq!(topics.len(), (events.len() / 5).clamp(2, 50), "k-means with max(2, min(N/5, 50)) topics");
+    assert_eq!(s["topics"].as_u64().unwrap() as usize, topics.len());
     for e in events {
         assert!(!e["summary"].as_str().unwrap().is_empty());
         assert!(!e["people"].as_array().unwrap().is_empty());
