@@ -234,6 +234,29 @@ fn config_errors_exit_2_naming_the_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("epoch-interval"));
 
+    // The embedder, event and Kafka keys: every problem named at once.
+    std::fs::write(
+        &cfg,
+        "[embedder]\nkind = \"local\"\nmodel-dir = \"/nonexistent/model\"\nbatch = 0\n[events]\nmerge-threshold = 1.5\n[kafka]\ntopics = [\"news\"]\nbrokers = \"\"\n",
+    )
+    .unwrap();
+    let out = engram().args(["run", "--config", cfg.to_str().unwrap(), "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in ["embedder.model-dir", "embedder.batch", "events.merge-threshold", "kafka.brokers"] {
+        assert!(err.contains(key), "{key} not named: {err}");
+    }
+    let out = engram()
+        .args(["run", "--data-dir"])
+        .arg(dir.path())
+        .env("ENGRAM__EMBEDDER__KIND", "openai")
+        .env("ENGRAM__EMBEDDER__BASE_URL", "not a url")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("embedder.base-url") && err.contains("embedder.model"), "{err}");
+
     let out = engram().args(["run", "--config", "/nonexistent/engram.toml"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/engram.toml"));
