@@ -1,7 +1,9 @@
-//! `engram eval locomo --data FILE`: evidence recall of retrieval on LoCoMo. Every conversation is ingested into
-//! its own space through the real engine (dataflow, hierarchy, summaries), then each question of categories 1–4 is
-//! asked in every mode at budgets of 250, 500 and 1,000 words; recall is the share of the gold evidence turns
-//! (`dia_id`s) found among the layer-0 turns of the evidence.
+//! `engram eval locomo --data FILE` and `engram eval qmsum --data DIR`: evidence recall of retrieval. Every
+//! conversation (LoCoMo) or meeting (QMSum) is ingested into its own space through the real engine (dataflow,
+//! hierarchy, summaries, events), then each question is asked in every mode at budgets of 250, 500 and 1,000 words;
+//! recall is the share of the gold turns found among the layer-0 turns of the evidence — LoCoMo: the evidence
+//! `dia_id`s of categories 1–4; QMSum: the transcript turns inside each query's `relevant_text_span`s (categories
+//! `specific` and `general`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -19,12 +21,14 @@ use crate::query::{Mode, QueryRequest};
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Dataset {
     Locomo,
+    Qmsum,
 }
 
 #[derive(Args)]
 pub struct EvalArgs {
     dataset: Dataset,
-    /// The LoCoMo JSON file (e.g. ../shared/data/locomo/locomo-dev.json).
+    /// The LoCoMo JSON file (e.g. ../shared/data/locomo/locomo-dev.json), or a directory of QMSum meeting files
+    /// (e.g. ../shared/data/qmsum/val).
     #[arg(long)]
     data: PathBuf,
     /// Modes to evaluate (default: flat and prune-and-grow).
@@ -43,8 +47,51 @@ pub struct EvalArgs {
 struct Question {
     space: String,
     text: String,
-    category: u64,
+    category: String,
     gold: BTreeSet<String>,
+}
+
+fn load_qmsum(dir: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e} (expected a directory of QMSum meeting files)", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    names.sort();
+    anyhow::ensure!(!names.is_empty(), "{}: no .json meeting files", dir.display());
+    let mut records = Vec::new();
+    let mut questions = Vec::new();
+    for path in names {
+        let m: Value = serde_json::from_str(&std::fs::read_to_string(&path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let space = path.file_stem().and_then(|s| s.to_str()).unwrap_or("meeting").to_lowercase();
+        let transcript = m["meeting_transcripts"].as_array().ok_or_else(|| anyhow::anyhow!("{}: no meeting_transcripts", path.display()))?;
+        let mut turns = BTreeSet::new();
+        for (i, t) in transcript.iter().enumerate() {
+            let text = t["content"].as_str().unwrap_or("").trim();
+            if text.is_empty() {
+                continue;
+            }
+            turns.insert(format!("t{i}"));
+            records.push(json!({"space": space, "kind": "turn", "conversation": space, "turn": format!("t{i}"), "seq": i,
+                                "speaker": t["speaker"], "text": text}));
+        }
+        for (list, category) in [("specific_query_list", "specific"), ("general_query_list", "general")] {
+            for q in m[list].as_array().into_iter().flatten() {
+                let mut gold = BTreeSet::new();
+                for span in q["relevant_text_span"].as_array().into_iter().flatten() {
+                    let bound = |i: usize| span[i].as_str().and_then(|x| x.trim().parse::<usize>().ok()).or_else(|| span[i].as_u64().map(|x| x as usize));
+                    if let (Some(a), Some(b)) = (bound(0), bound(1)) {
+                        gold.extend((a..=b).map(|i| format!("t{i}")).filter(|t| turns.contains(t)));
+                    }
+                }
+                if gold.is_empty() {
+                    continue;
+                }
+                questions.push(Question { space: space.clone(), text: q["query"].as_str().unwrap_or("").into(), category: category.into(), gold });
+            }
+        }
+    }
+    Ok((records, questions))
 }
 
 fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
@@ -72,6 +119,7 @@ fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
         }
         for qa in conv["qa"].as_array().into_iter().flatten() {
             let category = qa["category"].as_u64().unwrap_or(0);
+            let label = category.to_string();
             if !(1..=4).contains(&category) {
                 continue;
             }
@@ -87,7 +135,7 @@ fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
             if gold.is_empty() {
                 continue;
             }
-            questions.push(Question { space: space.clone(), text: qa["question"].as_str().unwrap_or("").into(), category, gold });
+            questions.push(Question { space: space.clone(), text: qa["question"].as_str().unwrap_or("").into(), category: label, gold });
         }
     }
     Ok((records, questions))
@@ -96,6 +144,11 @@ fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
 pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let (records, questions) = match args.dataset {
         Dataset::Locomo => load_locomo(&args.data)?,
+        Dataset::Qmsum => load_qmsum(&args.data)?,
+    };
+    let dataset = match args.dataset {
+        Dataset::Locomo => "locomo",
+        Dataset::Qmsum => "qmsum",
     };
     let dir = tempfile_dir()?;
     let overrides = Overrides { data_dir: Some(dir.clone()), ..Overrides::default() };
@@ -178,16 +231,21 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|((m, b, c), (n, s))| json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64}))
         .collect();
-    println!("| mode | budget | all | cat 1 multi-hop | cat 2 temporal | cat 3 open | cat 4 single-hop |");
-    println!("|---|---|---|---|---|---|---|");
+    let categories: Vec<(String, &str)> = match args.dataset {
+        Dataset::Locomo => vec![("1".into(), "cat 1 multi-hop"), ("2".into(), "cat 2 temporal"), ("3".into(), "cat 3 open"), ("4".into(), "cat 4 single-hop")],
+        Dataset::Qmsum => vec![("specific".into(), "specific"), ("general".into(), "general")],
+    };
+    println!("| mode | budget | all | {} |", categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "));
+    println!("|---|---|---|{}", "---|".repeat(categories.len()));
     for &mode in &modes {
         for &b in &args.budgets {
             let cell = |c: &str| acc.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64));
-            println!("| {} | {b} | {} | {} | {} | {} | {} |", mode.as_str(), cell("all"), cell("1"), cell("2"), cell("3"), cell("4"));
+            let cells: Vec<String> = categories.iter().map(|c| cell(&c.0)).collect();
+            println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
         }
     }
     if let Some(out) = args.out {
-        std::fs::write(&out, serde_json::to_string_pretty(&json!({"dataset": "locomo", "build_seconds": build_seconds, "results": results}))?)?;
+        std::fs::write(&out, serde_json::to_string_pretty(&json!({"dataset": dataset, "build_seconds": build_seconds, "results": results}))?)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)

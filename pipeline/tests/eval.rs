@@ -52,3 +52,32 @@ fn bad_eval_data_and_bad_asks_are_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected SPACE:QUESTION"), "{out:?}");
 }
+
+#[test]
+fn eval_qmsum_reports_recall_of_relevant_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("qmsum.json");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qmsum-mini");
+    let output = common::engram()
+        .args(["eval", "qmsum", "--data", fixture, "--budgets", "30,1000", "--mode", "flat", "--mode", "compass", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("| specific | general |"), "{table}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["dataset"], "qmsum");
+    let row = |mode: &str, budget: u64, cat: &str| {
+        v["results"].as_array().unwrap().iter().find(|r| r["mode"] == mode && r["budget_words"] == budget && r["category"] == cat).cloned().unwrap()
+    };
+    assert_eq!(row("flat", 1000, "all")["n"], 3);
+    assert_eq!(row("flat", 1000, "specific")["n"], 2);
+    // With the whole meeting in budget every relevant turn is found (the empty turn 4 is not a turn).
+    assert_eq!(row("flat", 1000, "all")["recall"], 1.0);
+    assert!(row("flat", 30, "specific")["recall"].as_f64().unwrap() < 1.0, "30 words cannot hold three turns");
+    assert!(row("compass", 30, "specific")["recall"].as_f64().unwrap() > 0.0);
+    let bad = common::engram().args(["eval", "qmsum", "--data", "/nonexistent/qmsum"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent/qmsum"));
+}
