@@ -196,8 +196,18 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     };
     // (mode, budget, category) → (n, recall sum)
     let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();
+    // A progress bar on a terminal; plain lines every 100 questions otherwise (CI logs, files).
+    let bar = indicatif::ProgressBar::new(questions.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} questions ({per_sec}, eta {eta})")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for (i, q) in questions.iter().enumerate() {
-        if i % 100 == 0 {
+        if tty {
+            bar.set_position(i as u64);
+        } else if i % 100 == 0 {
             eprintln!("question {i}/{}", questions.len());
         }
         for &mode in &modes {
@@ -222,6 +232,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    bar.finish_and_clear();
     shared.shutdown.store(true, Ordering::Relaxed);
     for r in guards.join() {
         r.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
