@@ -280,6 +280,34 @@ impl Views {
     }
 }
 
+impl ViewUpdate {
+    /// The memory-change message of an update (`None` for internal ones: errors and summary requests), keyed by
+    /// space: `{"op":"upsert"|"retract","type":…,"epoch":E,…}`. Embeddings are left out.
+    pub fn change(&self, diff: isize, epoch: u64) -> Option<(String, serde_json::Value)> {
+        use serde_json::json;
+        let op = if diff > 0 { "upsert" } else { "retract" };
+        let (space, body) = match self {
+            ViewUpdate::Node(s, n, _) => (s, json!({"type": "node", "id": n.id, "kind": n.kind, "doc": n.doc, "pos": n.pos,
+                                                    "text": n.text, "speaker": n.speaker, "ts": n.ts})),
+            ViewUpdate::Edge(e) => (&e.space, json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro})),
+            ViewUpdate::Cluster(s, l, c, m) => (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m})),
+            ViewUpdate::LayerEdge(s, l, u, v, w) => (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w})),
+            ViewUpdate::Summary(s, l, c, t) => (s, json!({"type": "summary", "layer": l, "cluster": c, "text": t})),
+            ViewUpdate::Event(s, e) => (s, json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
+                                                  "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
+            ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
+            ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
+            ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
+            ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
+        };
+        let mut body = body;
+        body["op"] = json!(op);
+        body["epoch"] = json!(epoch);
+        body["space"] = json!(space);
+        Some((space.clone(), body))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,33 +336,5 @@ mod tests {
         assert_eq!(v.spaces["s"].nodes["a"].0.text, "new");
         v.apply(vec![(ViewUpdate::Node("s".into(), node("a", "new"), Embedding::default()), -1)]);
         assert!(v.spaces.is_empty());
-    }
-}
-
-impl ViewUpdate {
-    /// The memory-change message of an update (`None` for internal ones: errors and summary requests), keyed by
-    /// space: `{"op":"upsert"|"retract","type":…,"epoch":E,…}`. Embeddings are left out.
-    pub fn change(&self, diff: isize, epoch: u64) -> Option<(String, serde_json::Value)> {
-        use serde_json::json;
-        let op = if diff > 0 { "upsert" } else { "retract" };
-        let (space, body) = match self {
-            ViewUpdate::Node(s, n, _) => (s, json!({"type": "node", "id": n.id, "kind": n.kind, "doc": n.doc, "pos": n.pos,
-                                                    "text": n.text, "speaker": n.speaker, "ts": n.ts})),
-            ViewUpdate::Edge(e) => (&e.space, json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro})),
-            ViewUpdate::Cluster(s, l, c, m) => (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m})),
-            ViewUpdate::LayerEdge(s, l, u, v, w) => (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w})),
-            ViewUpdate::Summary(s, l, c, t) => (s, json!({"type": "summary", "layer": l, "cluster": c, "text": t})),
-            ViewUpdate::Event(s, e) => (s, json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
-                                                  "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
-            ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
-            ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
-            ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
-            ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
-        };
-        let mut body = body;
-        body["op"] = json!(op);
-        body["epoch"] = json!(epoch);
-        body["space"] = json!(space);
-        Some((space.clone(), body))
     }
 }
