@@ -442,6 +442,12 @@ impl OpenAiLlm {
         Ok(OpenAiLlm { client: Arc::new(client), runtime: Some(runtime), max_words })
     }
 
+    /// One structured call on the client's own runtime, blocking the calling thread (the summariser's workers).
+    fn call<T>(&self, stage: &str, system: &str, user: &str, schema: &Value, validate: impl Fn(&Value) -> Result<T, String>) -> Result<T, LlmError> {
+        let runtime = self.runtime.as_ref().ok_or_else(|| LlmError::Service("the client is shut down".into()))?;
+        runtime.block_on(self.client.chat_json(stage, system, user, schema, validate))
+    }
+
     pub fn summary_prompt(&self, texts: &[&str]) -> String {
         let passages: Vec<Value> = texts.iter().enumerate().map(|(i, t)| json!({"id": i + 1, "text": t})).collect();
         format!(
@@ -465,17 +471,11 @@ impl Llm for OpenAiLlm {
             "additionalProperties": false,
         });
         let user = self.summary_prompt(texts);
-        let client = self.client.clone();
-        let runtime = self.runtime.as_ref().ok_or_else(|| LlmError::Service("the client is shut down".into()))?;
-        runtime.block_on(async move {
-            client
-                .chat_json("summary", SUMMARY_SYSTEM, &user, &schema, |v| match v.get("summary") {
-                    Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.trim().to_string()),
-                    Some(Value::String(_)) => Err("`summary` is empty".into()),
-                    Some(_) => Err("`summary` must be a string".into()),
-                    None => Err("missing `summary`".into()),
-                })
-                .await
+        self.call("summary", SUMMARY_SYSTEM, &user, &schema, |v| match v.get("summary") {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+            Some(Value::String(_)) => Err("`summary` is empty".into()),
+            Some(_) => Err("`summary` must be a string".into()),
+            None => Err("missing `summary`".into()),
         })
     }
 
@@ -503,9 +503,7 @@ impl Llm for OpenAiLlm {
             .collect();
         let user = format!("Turns (JSON):\n{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
         let n = turns.len();
-        let client = self.client.clone();
-        let runtime = self.runtime.as_ref().ok_or_else(|| LlmError::Service("the client is shut down".into()))?;
-        runtime.block_on(async move { client.chat_json("segment", SEGMENT_SYSTEM, &user, &schema, |v| validate_segments(v, n)).await })
+        self.call("segment", SEGMENT_SYSTEM, &user, &schema, |v| validate_segments(v, n))
     }
 
     fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError> {
@@ -528,9 +526,7 @@ impl Llm for OpenAiLlm {
             .collect();
         let user = format!("Events (JSON):\n{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
         let n = events.len();
-        let client = self.client.clone();
-        let runtime = self.runtime.as_ref().ok_or_else(|| LlmError::Service("the client is shut down".into()))?;
-        runtime.block_on(async move { client.chat_json("relate", RELATE_SYSTEM, &user, &schema, |v| validate_relations(v, n)).await })
+        self.call("relate", RELATE_SYSTEM, &user, &schema, |v| validate_relations(v, n))
     }
 }
 

@@ -88,6 +88,13 @@ pub struct Receipt {
     pub rejected: Vec<(usize, String)>,
 }
 
+/// A configured API key, else the OPENAI_API_KEY environment variable, if either is set.
+fn api_key(configured: &str) -> Option<String> {
+    Some(configured.to_string())
+        .filter(|k| !k.is_empty())
+        .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()))
+}
+
 /// The summariser's model: the built-in extractive backend, or an OpenAI-compatible server.
 pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Llm>> {
     use crate::config::{LlmBackend, ResponseFormatName};
@@ -96,9 +103,7 @@ pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Ll
         LlmBackend::Extractive => Arc::new(Extractive { max_words: config.hierarchy.summary_words }),
         LlmBackend::Openai => {
             let l = &config.llm;
-            let api_key = Some(l.api_key.clone())
-                .filter(|k| !k.is_empty())
-                .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()));
+            let api_key = api_key(&l.api_key);
             let client = OpenAiClient::new(
                 OpenAiConfig {
                     base_url: l.base_url.clone(),
@@ -151,9 +156,7 @@ pub fn make_embedder(config: &Config, metrics: &Metrics, dir: &std::path::Path) 
         #[cfg(not(feature = "local-embedder"))]
         EmbedderKind::Local => anyhow::bail!("embedder.kind = \"local\": built without the local-embedder feature"),
         EmbedderKind::Openai => {
-            let api_key = Some(e.api_key.clone())
-                .filter(|k| !k.is_empty())
-                .or_else(|| std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()));
+            let api_key = api_key(&e.api_key);
             let client = OpenAiClient::new(
                 OpenAiConfig {
                     base_url: e.base_url.clone(),

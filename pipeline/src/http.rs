@@ -249,10 +249,7 @@ pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<Quer
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     let started = Instant::now();
     let views = s.views.read().expect("views lock");
-    let view = views
-        .spaces
-        .get(space)
-        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let view = space_view(&views, space)?;
     let (evidence, trace) = match req.mode {
         Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &req.query, k, budget),
         Mode::Compass => query::compass(view, s.embedder.as_ref(), &req.query, k, budget),
@@ -269,10 +266,7 @@ async fn node(
 ) -> Result<Json<serde_json::Value>, AppError> {
     wait_for(&s, params.after.as_deref()).await?;
     let views = s.views.read().expect("views lock");
-    let view = views
-        .spaces
-        .get(&space)
-        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let view = space_view(&views, &space)?;
     let mut neighbours: Vec<(String, u32)> = view
         .adjacency
         .get(&id)
@@ -311,6 +305,11 @@ async fn node(
     })))
 }
 
+/// A space's views, or `404 unknown_space`.
+fn space_view<'a>(views: &'a crate::views::Views, space: &str) -> Result<&'a crate::views::SpaceView, AppError> {
+    views.spaces.get(space).ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))
+}
+
 /// The event memory of a space: events in (conversation, session, time) order and their relations.
 async fn events(
     State(s): State<Arc<Shared>>,
@@ -319,10 +318,7 @@ async fn events(
 ) -> Result<Json<serde_json::Value>, AppError> {
     wait_for(&s, params.after.as_deref()).await?;
     let views = s.views.read().expect("views lock");
-    let view = views
-        .spaces
-        .get(&space)
-        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let view = space_view(&views, &space)?;
     let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
     events.sort_by(|a, b| (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns)));
     let events: Vec<serde_json::Value> = events
@@ -340,10 +336,7 @@ async fn events(
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.
 async fn pending_summaries(State(s): State<Arc<Shared>>, Path(space): Path<String>) -> Result<Json<serde_json::Value>, AppError> {
     let views = s.views.read().expect("views lock");
-    let view = views
-        .spaces
-        .get(&space)
-        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))?;
+    let view = space_view(&views, &space)?;
     let pending: Vec<_> = view
         .requests
         .iter()
