@@ -12,6 +12,7 @@ start)
         echo "building tansu 0.6.0 (once; about 30 minutes on 2 cores)"
         cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$HOME/.cache/engram/tansu" \
             --target-dir "$HOME/.cache/engram/tansu-target"
+        rm -rf "$HOME/.cache/engram/tansu-target"
         bin="$HOME/.cache/engram/tansu/bin/tansu"
     fi
     mkdir -p "$dir"

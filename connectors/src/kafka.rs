@@ -1,7 +1,7 @@
 //! Kafka (rdkafka, librdkafka built from source): the source of records and the sinks of what engram derives.
 //!
 //! **Source.** [`KafkaSource`] reads the configured topics as a member of a consumer group with manual assignment:
-//! every partition of every topic, each from (in order of precedence) the offset after the last one the input log
+//! its [`Share`] of the partitions of the topics (all of them for a single process), each from (in order of precedence) the offset after the last one the input log
 //! holds (a restart resumes exactly where the memory is), the group's committed offset, or the beginning. Each
 //! message is a record (DESIGN §Records); its key names the space. Positions are `kafka:TOPIC/PARTITION` with
 //! Kafka's offsets, so the input log, read-your-writes (`?after=TOPIC:PARTITION:OFFSET`) and commits speak Kafka's
@@ -91,6 +91,23 @@ fn partitions(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Result
     Ok(ps)
 }
 
+/// Which partitions a process reads: of all (topic, partition) pairs, sorted, the i-th goes to process
+/// `i % peers`. Static, so a restart reads the same partitions (the process's input log holds their records).
+#[derive(Clone, Copy, Debug)]
+pub struct Share {
+    pub index: usize,
+    pub peers: usize,
+}
+
+impl Share {
+    pub const ALL: Share = Share { index: 0, peers: 1 };
+
+    /// The pairs of `all` (in order) this share holds.
+    pub fn pick<T: Clone>(&self, all: &[T]) -> Vec<T> {
+        all.iter().enumerate().filter(|(i, _)| i % self.peers.max(1) == self.index).map(|(_, t)| t.clone()).collect()
+    }
+}
+
 pub struct KafkaSource {
     consumer: BaseConsumer,
     topics: Vec<String>,
@@ -107,6 +124,7 @@ impl KafkaSource {
         brokers: &str,
         group_id: &str,
         topics: &[String],
+        share: Share,
         resume: &HashMap<String, u64>,
         metrics: Option<KafkaMetrics>,
     ) -> Result<Self, String> {
@@ -119,11 +137,14 @@ impl KafkaSource {
             .create()
             .map_err(|e| format!("Kafka consumer for {brokers}: {e}"))?;
         let timeout = Duration::from_secs(10);
-        let mut all = TopicPartitionList::new();
+        let mut pairs: Vec<(String, i32)> = Vec::new();
         for topic in topics {
-            for p in partitions(&consumer, topic, timeout)? {
-                all.add_partition(topic, p);
-            }
+            pairs.extend(partitions(&consumer, topic, timeout)?.into_iter().map(|p| (topic.clone(), p)));
+        }
+        pairs.sort();
+        let mut all = TopicPartitionList::new();
+        for (topic, p) in share.pick(&pairs) {
+            all.add_partition(&topic, p);
         }
         let committed = consumer
             .committed_offsets(all.clone(), timeout)
@@ -143,7 +164,7 @@ impl KafkaSource {
             assignment.add_partition_offset(&topic, p, start).map_err(|e| e.to_string())?;
         }
         consumer.assign(&assignment).map_err(|e| format!("assigning partitions: {e}"))?;
-        tracing::info!(?topics, group_id, partitions = assignment.count(), "Kafka source assigned");
+        tracing::info!(?topics, group_id, partitions = assignment.count(), of = pairs.len(), process = share.index, "Kafka source assigned");
         Ok(KafkaSource { consumer, topics: topics.to_vec(), next, metrics, last_lag: Instant::now() - Duration::from_secs(60) })
     }
 

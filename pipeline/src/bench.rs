@@ -139,7 +139,7 @@ fn kafka_bench(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         Ok(started.elapsed().as_secs_f64())
     };
     let kafka = drain(Box::new(
-        connectors::kafka::KafkaSource::new(&args.brokers, &format!("{topic}-g"), std::slice::from_ref(&topic), &Default::default(), None)
+        connectors::kafka::KafkaSource::new(&args.brokers, &format!("{topic}-g"), std::slice::from_ref(&topic), connectors::kafka::Share::ALL, &Default::default(), None)
             .map_err(|e| anyhow::anyhow!(e))?,
     ))?;
     let file = if inputs.len() == 1 { Some(drain(Box::new(FileSource::new(&inputs[0], false)))?) } else { None };

@@ -1,13 +1,21 @@
 //! The engine: shared state between the timely workers and the HTTP server, the dataflow, and the driver loop that
 //! turns queued records into epochs.
 //!
-//! Threads: `timely::execute` runs the workers; source threads (one per `--input`) parse records into the ingest
-//! queue; the HTTP server appends acknowledged records to the input log and the queue. Worker 0 owns the inputs: it
-//! closes an epoch every `ingest.epoch-interval` (or `epoch-max-records`), feeds the records' node deltas into the
-//! dataflow, and steps it. The other workers close their inputs at once, so the frontier follows worker 0 alone.
+//! Threads: `timely::execute` runs the workers; source threads (one per `--input`, one for Kafka) parse records into
+//! the ingest queue; the HTTP server appends acknowledged records to the input log and the queue. The first worker of
+//! each process (its *driver*) owns that process's inputs: it closes an epoch every `ingest.epoch-interval` (or
+//! `epoch-max-records`), feeds the records' node deltas into the dataflow, and steps it. The other workers close their
+//! inputs at once.
+//!
+//! **A cluster** (`-n` processes): every process reads its share of the Kafka partitions into its own input log and
+//! queue; process 0 alone reads files, serves HTTP and runs the summariser. The drivers keep one clock: each
+//! broadcasts the epoch it opens, and a driver that sees a later epoch closes its own open epoch and moves to it, so
+//! the frontier (the least epoch any driver may still feed) keeps up with the busiest process. The views (on worker
+//! 0) hold a capability for every epoch they have not yet applied; a probe on them tells every process what the views
+//! reflect, which is when its Kafka offsets are committed.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -37,7 +45,28 @@ pub enum Item {
     Reject(ErrorRow),
     /// A logged summary: `(space, content hash, text)`.
     Summary(String, String, String),
+    /// The highest offset read of a source, after the records it covers.
+    Position(String, u64),
 }
+
+/// Where this process sits in the cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Place {
+    pub process: usize,
+    pub processes: usize,
+}
+
+impl Place {
+    pub const SINGLE: Place = Place { process: 0, processes: 1 };
+
+    /// Process 0 serves HTTP, reads files and runs the summariser.
+    pub fn leads(&self) -> bool {
+        self.process == 0
+    }
+}
+
+/// The clock message that tells the other drivers to finish.
+const CLOCK_STOP: u64 = u64::MAX;
 
 pub struct Queue {
     /// The epoch that queued records will be fed at.
@@ -66,9 +95,10 @@ pub struct Shared {
     pub resume: HashMap<String, u64>,
     /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
     closed: Mutex<VecDeque<(u64, Instant)>>,
-    /// Per source position name (`kafka:TOPIC/PARTITION`, `file:PATH`): offset → the epoch that holds it (the
-    /// highest offset of each batch), for `?after=TOPIC:PARTITION:OFFSET`. Collapsed once reflected.
-    pub offsets: Mutex<HashMap<String, BTreeMap<u64, u64>>>,
+    /// This process's place in the cluster.
+    pub place: Place,
+    /// The latest epoch any driver has opened (the cluster's clock), or `CLOCK_STOP`.
+    clock: AtomicU64,
     /// The Kafka output topics (no-ops when none is configured).
     pub outputs: crate::outputs::Outputs,
 }
@@ -184,14 +214,10 @@ pub fn make_embedder(config: &Config, metrics: &Metrics, dir: &std::path::Path) 
 
 impl Shared {
     /// Opens the data directory: the input log (replayed into the queue, at one epoch past every receipt it handed
-    /// out) and the dead-letter file.
-    pub fn open(config: Config, owns_inputs: bool) -> anyhow::Result<Arc<Shared>> {
-        let dir = if owns_inputs {
-            config.data_dir.clone()
-        } else {
-            // A follower process of a cluster never ingests; its files stay apart from process 0's.
-            config.data_dir.join("follower")
-        };
+    /// out) and the dead-letter file. Process `p > 0` of a cluster keeps its files in `DATA_DIR/process-p`, so that
+    /// processes sharing a disk stay apart.
+    pub fn open(config: Config, place: Place) -> anyhow::Result<Arc<Shared>> {
+        let dir = if place.leads() { config.data_dir.clone() } else { config.data_dir.join(format!("process-{}", place.process)) };
         std::fs::create_dir_all(&dir)?;
         let log_path = dir.join("input.log");
         let replay = InputLog::replay(&log_path)?;
@@ -200,13 +226,15 @@ impl Shared {
         }
         let input_log = InputLog::open(&log_path)?;
         let metrics = Metrics::new();
-        let llm = make_llm(&config, &metrics)?;
+        // Only process 0 asks the model; the others never call it.
+        let llm: Arc<dyn Llm> =
+            if place.leads() { make_llm(&config, &metrics)? } else { Arc::new(Extractive { max_words: config.hierarchy.summary_words }) };
         let embedder = make_embedder(&config, &metrics, &dir)?;
         // Logged responses of the configured model are inputs like records: no call is made for them again.
         let responses_path = dir.join("responses.log");
         let mut responses = ResponseLog::replay(&responses_path)?;
-        // The response log topic, when configured, holds what other processes (or an earlier pod) logged.
-        let from_topic = crate::outputs::Outputs::read_responses(&config.kafka)?;
+        // The response log topic, when configured, holds what an earlier pod logged.
+        let from_topic = if place.leads() { crate::outputs::Outputs::read_responses(&config.kafka)? } else { Vec::new() };
         if !from_topic.is_empty() {
             let known: std::collections::HashSet<(String, String, String)> =
                 responses.records.iter().map(|r| (r.model.clone(), r.space.clone(), r.key.clone())).collect();
@@ -222,16 +250,11 @@ impl Shared {
         let mut items = Vec::new();
         let mut max_epoch = None;
         let mut resume: HashMap<String, u64> = HashMap::new();
-        let mut offsets: HashMap<String, BTreeMap<u64, u64>> = HashMap::new();
         for r in &replay.records {
             max_epoch = max_epoch.max(Some(r.epoch));
             if let (Some(src), Some(off)) = (&r.source, r.offset) {
                 let e = resume.entry(src.clone()).or_default();
                 *e = (*e).max(off);
-                let m = offsets.entry(src.clone()).or_default();
-                // Replayed epochs are all reflected together: one entry per source is enough.
-                m.clear();
-                m.insert(*e, r.epoch.max(max_epoch.unwrap_or(0)));
             }
             if r.record.is_null() {
                 continue;
@@ -250,7 +273,8 @@ impl Shared {
             metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
             tracing::info!(records = items.len(), "replaying the input log");
         }
-        let logged = responses.records.into_iter().filter(|r| r.model == llm.model());
+        items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
+        let logged = responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model());
         items.extend(logged.map(|r| Item::Summary(r.space, r.key, r.response)));
         let open_epoch = max_epoch.unwrap_or(0);
         let opened = (!items.is_empty()).then(Instant::now);
@@ -269,7 +293,8 @@ impl Shared {
             dead_letter: Mutex::new(dead_letter),
             llm,
             closed: Mutex::new(VecDeque::new()),
-            offsets: Mutex::new(offsets),
+            place,
+            clock: AtomicU64::new(0),
             outputs,
             config,
         }))
@@ -403,50 +428,41 @@ impl Shared {
             }
         }
         self.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
+        items.extend(last.values().map(|p| Item::Position(p.source.clone(), p.offset)));
         let mut q = self.queue.lock().expect("queue lock");
         let epoch = self.log_and_queue(&mut q, logged, items)?;
-        drop(q);
-        let mut offsets = self.offsets.lock().expect("offsets lock");
-        for p in last.values() {
-            offsets.entry(p.source.clone()).or_default().insert(p.offset, epoch);
-        }
         Ok((epoch, last.into_values().collect()))
     }
 
-    /// The epoch that holds `offset` of `source`, if it has been read.
-    pub fn epoch_of(&self, source: &str, offset: u64) -> Option<u64> {
-        self.offsets.lock().expect("offsets lock").get(source)?.range(offset..).next().map(|(_, e)| *e)
-    }
-
-    /// Drops the offset entries the views reflect, keeping each source's highest.
-    fn collapse_offsets(&self, as_of: u64) {
-        let mut offsets = self.offsets.lock().expect("offsets lock");
-        for m in offsets.values_mut() {
-            let done: Vec<u64> = m.iter().filter(|(_, e)| **e <= as_of).map(|(o, _)| *o).collect();
-            if done.len() > 1 {
-                for o in &done[..done.len() - 1] {
-                    m.remove(o);
-                }
-            }
-        }
-    }
-
-    /// Takes the open epoch's items if it is due: old enough, full enough, or shutting down.
-    fn take_due(&self, force: bool) -> Option<(u64, Vec<Item>)> {
+    /// Takes the open epoch's items if it is due: old enough, full enough, shutting down, or behind the cluster's
+    /// clock (`clock`, the latest epoch another driver opened). Returns the epoch, its items and the next open one.
+    fn take_due(&self, force: bool, clock: u64) -> Option<(u64, Vec<Item>, u64)> {
         let mut q = self.queue.lock().expect("queue lock");
         let due = match q.opened {
             None => false,
             Some(t) => {
-                force || t.elapsed() >= self.config.ingest.epoch_interval || q.items.len() >= self.config.ingest.epoch_max_records
+                force
+                    || q.open_epoch < clock
+                    || t.elapsed() >= self.config.ingest.epoch_interval
+                    || q.items.len() >= self.config.ingest.epoch_max_records
             }
         };
         if !due || q.items.is_empty() {
             return None;
         }
         let epoch = q.open_epoch;
-        q.open_epoch += 1;
+        q.open_epoch = (epoch + 1).max(clock);
         q.opened = None;
-        Some((epoch, std::mem::take(&mut q.items)))
+        Some((epoch, std::mem::take(&mut q.items), q.open_epoch))
+    }
+
+    /// Moves an empty open epoch up to the cluster's clock; returns the new open epoch if it moved.
+    fn follow_clock(&self, clock: u64) -> Option<u64> {
+        let mut q = self.queue.lock().expect("queue lock");
+        (q.items.is_empty() && q.open_epoch < clock).then(|| {
+            q.open_epoch = clock;
+            clock
+        })
     }
 
     /// Once every source has finished and its records are in the views, the epoch they reached; `None` while
@@ -497,7 +513,6 @@ pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'st
                 }
                 if !done.is_empty() {
                     source.commit(&done);
-                    shared.collapse_offsets(as_of.unwrap_or(0));
                 }
                 if shared.queue.lock().expect("queue lock").items.len() >= shared.queue_cap() {
                     std::thread::sleep(Duration::from_millis(10));
@@ -528,11 +543,17 @@ pub fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'st
 type NodeInput = InputSession<u64, (String, Node), isize>;
 type ErrorInput = InputSession<u64, ErrorRow, isize>;
 type SummaryInput = InputSession<u64, ((String, String), String), isize>;
+type PositionInput = InputSession<u64, (String, u64), isize>;
 
 pub struct Inputs {
     pub nodes: NodeInput,
     pub errors: ErrorInput,
     pub summaries: SummaryInput,
+    pub positions: PositionInput,
+    /// The cluster's clock: every driver sends the epoch it opens; all of them see it.
+    pub clock: timely::dataflow::operators::vec::input::Handle<u64, u64>,
+    /// What the views have applied, seen from any worker.
+    pub views: timely::dataflow::operators::probe::Handle<u64>,
 }
 
 impl Inputs {
@@ -540,11 +561,17 @@ impl Inputs {
         self.nodes.advance_to(t);
         self.errors.advance_to(t);
         self.summaries.advance_to(t);
+        self.positions.advance_to(t);
+        if *self.clock.time() < t {
+            self.clock.advance_to(t);
+        }
     }
     fn flush(&mut self) {
         self.nodes.flush();
         self.errors.flush();
         self.summaries.flush();
+        self.positions.flush();
+        self.clock.flush();
     }
 }
 
@@ -558,6 +585,13 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
         let (node_input, nodes) = scope.new_collection::<(String, Node), isize>();
         let (error_input, errors) = scope.new_collection::<ErrorRow, isize>();
         let (summary_input, logged) = scope.new_collection::<((String, String), String), isize>();
+        let (position_input, positions) = scope.new_collection::<(String, u64), isize>();
+        let (clock_input, clock) = timely::dataflow::operators::vec::Input::new_input::<u64>(&scope);
+        let seen = shared.clone();
+        use timely::dataflow::operators::Inspect;
+        timely::dataflow::operators::vec::Broadcast::broadcast(clock).inspect(move |e| {
+            seen.clock.fetch_max(*e, Ordering::SeqCst);
+        });
         let embedded = embed_nodes(nodes.clone(), shared.embedder.clone());
         let edges = similarity_edges(embedded.clone(), params);
         let h = hierarchy(
@@ -595,11 +629,23 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
             .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
-            .concat(topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)));
+            .concat(topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)))
+            .concat(positions.map(|(s, o)| ViewUpdate::Position(s, o)));
         let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
+        // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
+        let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
         let mut last_as_of: Option<u64> = None;
-        updates.inner.sink(Exchange::new(|_: &(ViewUpdate, u64, isize)| 0), "Views", move |(input, frontier)| {
-            input.for_each(|_cap, data| {
+        type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
+        let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
+            Exchange::new(|_: &(ViewUpdate, u64, isize)| 0),
+            "Views",
+            move |initial, _info| {
+                drop(initial);
+                move |(input, frontier), _output| {
+            input.for_each(|cap, data| {
+                if let Some(c) = cap.retain_least(0) {
+                    held.entry(*c.time()).or_insert(c);
+                }
                 for (u, t, d) in data.drain(..) {
                     pending.entry(t).or_default().push((u, d));
                 }
@@ -614,6 +660,7 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             };
             let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
             if ready.is_empty() && as_of == last_as_of {
+                held.retain(|t, _| lower.is_some_and(|f| *t >= f));
                 return;
             }
             {
@@ -638,26 +685,52 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
                 shared.advanced(a);
                 shared.as_of.send_replace(Some(a));
             }
-        });
-        Inputs { nodes: node_input, errors: error_input, summaries: summary_input }
+            // Everything below the frontier is applied.
+            held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+                }
+            },
+        );
+        let (views, _) = timely::dataflow::operators::probe::Probe::probe(applied);
+        Inputs {
+            nodes: node_input,
+            errors: error_input,
+            summaries: summary_input,
+            positions: position_input,
+            clock: clock_input,
+            views,
+        }
     })
 }
 
 /// The layer a session's segmentation request is filed under in the LLM work list (clusters use 1…max-layers).
 pub const SESSION_LAYER: u32 = u32::MAX;
 
-/// The body of every worker: worker 0 drives epochs until shutdown; the others follow.
+/// The body of every worker: the first worker of each process drives that process's epochs until shutdown; the
+/// others follow.
 pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     let mut inputs = build_dataflow(worker, shared.clone());
-    if worker.index() != 0 {
+    let place = shared.place;
+    let per_process = (worker.peers() / place.processes.max(1)).max(1);
+    if worker.index() != place.process * per_process {
         drop(inputs);
         while worker.step_or_park(None) {}
         return;
     }
+    let cluster = place.processes > 1;
     let mut ingestor = Ingestor::new(shared.config.ingest.chunk_tokens);
+    // The highest position fed per source (retracted when a higher one is fed).
+    let mut fed: HashMap<String, u64> = HashMap::new();
+    let mut as_of: Option<u64> = None;
+    inputs.advance_to(shared.queue.lock().expect("queue lock").open_epoch);
     loop {
+        let clock = if cluster { shared.clock.load(Ordering::SeqCst) } else { 0 };
+        if clock == CLOCK_STOP && !shared.shutdown.load(Ordering::Relaxed) {
+            // Process 0 has stopped: stop the sources, feed what they queued, and finish.
+            shared.shutdown.store(true, Ordering::Relaxed);
+        }
         let stopping = shared.shutdown.load(Ordering::Relaxed);
-        if let Some((epoch, items)) = shared.take_due(stopping) {
+        let clock = if clock == CLOCK_STOP { 0 } else { clock };
+        if let Some((epoch, items, next)) = shared.take_due(stopping, clock) {
             inputs.advance_to(epoch);
             let n = items.len();
             for item in items {
@@ -669,18 +742,47 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
                     }
                     Item::Reject(row) => inputs.errors.update(row, 1),
                     Item::Summary(space, hash, text) => inputs.summaries.update(((space, hash), text), 1),
+                    Item::Position(source, offset) => {
+                        let before = fed.get(&source).copied();
+                        if before.is_none_or(|b| offset > b) {
+                            if let Some(b) = before {
+                                inputs.positions.update((source.clone(), b), -1);
+                            }
+                            inputs.positions.update((source.clone(), offset), 1);
+                            fed.insert(source, offset);
+                        }
+                    }
                 }
             }
-            inputs.advance_to(epoch + 1);
+            if cluster {
+                inputs.clock.send(next);
+            }
+            inputs.advance_to(next);
             inputs.flush();
             tracing::debug!(epoch, items = n, "epoch closed");
             shared.closed_epoch(epoch);
             shared.metrics.epochs.inc();
             shared.metrics.epoch_records.observe(n as f64);
+        } else if let Some(next) = shared.follow_clock(clock) {
+            inputs.advance_to(next);
+            inputs.flush();
         } else if stopping && shared.queue_is_idle() {
             break;
         }
         worker.step_or_park(Some(Duration::from_millis(2)));
+        if !place.leads() {
+            // What the views (on process 0) reflect: when this process's Kafka offsets may be committed.
+            let now = inputs.views.with_frontier(|f| f.first().copied()).map(|f| f.checked_sub(1));
+            if let Some(a) = now {
+                if a > as_of {
+                    as_of = a;
+                    shared.as_of.send_replace(a);
+                }
+            }
+        }
+    }
+    if cluster && place.leads() {
+        inputs.clock.send(CLOCK_STOP);
     }
     drop(inputs);
     while worker.step() {}

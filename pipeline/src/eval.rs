@@ -155,7 +155,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut env: Vec<(String, String)> = std::env::vars().collect();
     env.push(("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE".into(), "10ms".into()));
     let config = Config::load(args.config.as_deref(), env, &overrides)?;
-    let shared = Shared::open(config, true)?;
+    let shared = Shared::open(config, engine::Place::SINGLE)?;
     let limits = shared.limits.clone();
     {
         let mut q = shared.queue.lock().expect("queue");

@@ -167,44 +167,36 @@ fn parse_kafka_position(after: &str) -> Option<(String, u64)> {
 }
 
 /// Waits until the views include `after` — a receipt (an epoch number) or a Kafka position
-/// `TOPIC:PARTITION:OFFSET` (read, then reflected) — up to `query.max-wait`.
+/// `TOPIC:PARTITION:OFFSET` (read by whichever process holds the partition, then reflected) — up to
+/// `query.max-wait`.
 async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let Some(after) = after else { return Ok(()) };
     let wait = s.config.query.max_wait;
-    let started = std::time::Instant::now();
-    let epoch: u64 = match after.trim().parse() {
-        Ok(e) => e,
+    let mut rx = s.as_of.subscribe();
+    let (reached, what) = match after.trim().parse::<u64>() {
+        Ok(epoch) => {
+            let reached = tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
+            (reached, format!("receipt {epoch}"))
+        }
         Err(_) => {
             let (source, offset) = parse_kafka_position(after.trim()).ok_or_else(|| {
                 AppError::bad_request(format!(
                     "after={after:?} is neither a receipt (an epoch number, as ingest returns it) nor a Kafka position TOPIC:PARTITION:OFFSET"
                 ))
             })?;
-            loop {
-                if let Some(e) = s.epoch_of(&source, offset) {
-                    break e;
-                }
-                if started.elapsed() >= wait {
-                    return Err(AppError::new(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "timeout",
-                        format!("offset {offset} of {source} was not read within {wait:?}"),
-                    ));
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
+            // Positions change only with the views' as-of, so waking on it is enough.
+            let holds = || s.views.read().expect("views lock").holds(&source, offset);
+            let reached = tokio::time::timeout(wait, rx.wait_for(|_| holds())).await.map(|r| r.is_ok());
+            (reached, format!("offset {offset} of {source}"))
         }
     };
-    let mut rx = s.as_of.subscribe();
-    let wait = wait.saturating_sub(started.elapsed());
-    let reached = tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
     match reached {
         Ok(true) => Ok(()),
         Ok(false) => Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the engine is stopping")),
         Err(_) => Err(AppError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
-            format!("the views did not reach receipt {epoch} within {wait:?} (as of {:?})", *s.as_of.borrow()),
+            format!("the views did not reach {what} within {wait:?} (as of {:?})", *s.as_of.borrow()),
         )),
     }
 }

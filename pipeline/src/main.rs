@@ -170,9 +170,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()), "--ask {ask:?}: expected SPACE:QUESTION");
     }
     anyhow::ensure!(!args.once || !args.follow, "--once and --follow contradict each other: a followed file never ends");
-    let serving = args.timely.process == 0;
-    // Only process 0 owns the inputs: the input log and the dead-letter file are its alone.
-    let shared = Shared::open(config, serving)?;
+    let place = engine::Place { process: args.timely.process, processes: args.timely.processes };
+    let serving = place.leads();
+    // Every process keeps its own input log and dead-letter file (process p > 0 under DATA_DIR/process-p).
+    let shared = Shared::open(config, place)?;
 
     // Bind before starting anything, so a taken port fails fast and clearly.
     let listeners = if serving {
@@ -186,6 +187,13 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some((api, admin))
     } else {
         None
+    };
+    // A follower serves its own /metrics and /healthz when given --admin (its Kafka lag, records, commits).
+    let follower_admin = match (serving, args.admin) {
+        (false, Some(addr)) => Some(
+            rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
+        ),
+        _ => None,
     };
 
     let mut sources = Vec::new();
@@ -204,14 +212,17 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             };
             sources.push(engine::spawn_source(shared.clone(), src, kind));
         }
-        let k = &shared.config.kafka;
-        if !k.topics.is_empty() {
-            #[cfg(feature = "kafka")]
-            {
-                let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, &shared.resume, Some(shared.metrics.kafka.clone()))
-                    .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
-                sources.push(engine::spawn_source(shared.clone(), Box::new(source), "kafka"));
-            }
+    }
+    // Every process reads its share of the partitions: the i-th of all (topic, partition) pairs, in order, goes to
+    // process i mod n.
+    let k = &shared.config.kafka;
+    if !k.topics.is_empty() {
+        #[cfg(feature = "kafka")]
+        {
+            let share = connectors::kafka::Share { index: place.process, peers: place.processes };
+            let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, share, &shared.resume, Some(shared.metrics.kafka.clone()))
+                .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
+            sources.push(engine::spawn_source(shared.clone(), Box::new(source), "kafka"));
         }
     }
 
@@ -253,6 +264,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         });
     } else {
         // A follower process: it runs its workers until process 0 closes the dataflow, or until signalled.
+        if let Some(listener) = follower_admin {
+            let app = http::admin(shared.clone());
+            rt.spawn(async move { axum::serve(listener, app).await });
+        }
         let finished = rt.block_on(async {
             let join = tokio::task::spawn_blocking(move || guards.join());
             tokio::select! {

@@ -29,6 +29,9 @@ pub enum ViewUpdate {
     Merge(String, String, String),
     /// `(space, topic, event)`: an event's topic.
     Topic(String, String, String),
+    /// `(source, offset)`: the highest position of a source (`kafka:TOPIC/PARTITION`, `file:PATH`) that the views
+    /// hold, whichever process read it (for `?after=TOPIC:PARTITION:OFFSET`).
+    Position(String, u64),
 }
 
 /// A node of layer ≥ 1: a cluster of the layer below.
@@ -95,9 +98,16 @@ pub struct Views {
     pub spaces: BTreeMap<String, SpaceView>,
     pub errors_total: u64,
     pub recent_errors: VecDeque<ErrorRow>,
+    /// Source → the highest offset the views hold.
+    pub positions: HashMap<String, u64>,
 }
 
 impl Views {
+    /// Whether the views hold `offset` of `source` (read by any process of the cluster).
+    pub fn holds(&self, source: &str, offset: u64) -> bool {
+        self.positions.get(source).is_some_and(|o| *o >= offset)
+    }
+
     /// Applies the updates of one epoch: retractions before insertions, so that a replaced node ends up replaced.
     pub fn apply(&mut self, updates: Vec<(ViewUpdate, isize)>) {
         self.apply_with(updates, &|_| Embedding::default())
@@ -249,6 +259,13 @@ impl Views {
                         view.groups.remove(&e);
                     }
                 }
+                ViewUpdate::Position(source, offset) => {
+                    if d > 0 {
+                        self.positions.insert(source, offset);
+                    } else if self.positions.get(&source) == Some(&offset) {
+                        self.positions.remove(&source);
+                    }
+                }
                 ViewUpdate::Error(row) => {
                     if d > 0 {
                         self.errors_total += 1;
@@ -298,7 +315,7 @@ impl ViewUpdate {
             ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
             ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
             ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
-            ViewUpdate::Error(_) | ViewUpdate::Request(..) => return None,
+            ViewUpdate::Error(_) | ViewUpdate::Request(..) | ViewUpdate::Position(..) => return None,
         };
         let mut body = body;
         body["op"] = json!(op);

@@ -1,7 +1,8 @@
 //! Kafka end to end against a real Kafka-compatible broker (tansu, started by `.ci/run`; `ENGRAM_TEST_KAFKA` names
 //! it, default 127.0.0.1:9092): produce → memory, read-your-writes by offset, dead-letter and change topics, offsets
 //! committed once reflected, consumer-group restart, kill -9 mid-stream → the same memory as an uninterrupted run
-//! and no LLM call repeated (counted at a local OpenAI-compatible test server).
+//! and no LLM call repeated (counted at a local OpenAI-compatible test server), and two processes splitting the
+//! partitions between them building the memory of one.
 #![cfg(feature = "kafka")]
 
 mod common;
@@ -273,4 +274,114 @@ async fn kill_9_mid_stream_gives_the_uninterrupted_memory_and_repeats_no_llm_cal
     let engine = Engine::start(dir.path(), &[], &env);
     assert_eq!(strip(&settled(&engine, 59).await), strip(&uninterrupted));
     assert_eq!(seen.lock().unwrap().len(), before, "a restart makes no LLM call");
+}
+
+/// Every news node's neighbour list, read over HTTP.
+async fn neighbours(engine: &Engine, ids: &[String]) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for id in ids {
+        let (status, node) = get(&format!("{}/v1/spaces/news/nodes/{}", engine.api, id.replace('#', "%23"))).await;
+        assert_eq!(status, 200, "{id}: {node}");
+        out.push((id.clone(), node["neighbours"].clone()));
+    }
+    out
+}
+
+/// The sources (`kafka:TOPIC/PARTITION`) of the records in an input log.
+fn logged_sources(path: &std::path::Path) -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["source"].as_str().map(String::from)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
+    let Some(b) = brokers() else { return };
+    let news = std::fs::read_to_string(format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    // A document's chunks stay on one partition (as a keyed producer would keep them); documents round-robin.
+    let mut docs: Vec<String> = Vec::new();
+    let mut ids = Vec::new();
+    let mut messages = Vec::new();
+    for line in news.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let doc = r["doc"].as_str().unwrap().to_string();
+        let i = docs.iter().position(|d| *d == doc).unwrap_or_else(|| {
+            docs.push(doc.clone());
+            docs.len() - 1
+        });
+        ids.push(format!("{doc}#{}", r["seq"]));
+        messages.push(((i % 4) as i32, "news", line.to_string()));
+    }
+    let topic = unique("split");
+    create_topics(&b, &[(&topic, 4)]).await;
+    let offsets = produce(&b, &topic, &messages).await;
+    let mut ends = [0i64; 4];
+    for ((p, _, _), o) in messages.iter().zip(&offsets) {
+        ends[*p as usize] = ends[*p as usize].max(o + 1);
+    }
+    assert!(ends.iter().all(|e| *e > 0), "every partition has records: {ends:?}");
+    let dir = tempfile::tempdir().unwrap();
+
+    // The reference: one process reads all four partitions.
+    let group1 = unique("group");
+    let single = Engine::start(&dir.path().join("single"), &[], &kafka_env(&b, &topic, &group1));
+    let want = settled(&single, ids.len() as u64).await;
+    let want_neighbours = neighbours(&single, &ids).await;
+    drop(single);
+
+    // Two processes, one worker each: process 0 reads partitions 0 and 2, process 1 reads 1 and 3.
+    let group2 = unique("group");
+    let env = kafka_env(&b, &topic, &group2);
+    let hosts = dir.path().join("hosts");
+    let port = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", port(), port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let follower_admin = format!("127.0.0.1:{}", port());
+    let mut follower = common::engram()
+        .args(["run", "-n", "2", "-p", "1", "-w", "1", "-h", hosts, "--admin", &follower_admin, "--data-dir"])
+        .arg(dir.path().join("p1"))
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-w", "1", "-h", hosts], &env);
+
+    // Read-your-writes for a partition the other process reads.
+    let q = json!({"query": "storm harbour", "mode": "flat", "k": 3});
+    let after = format!("{topic}:3:{}", ends[3] - 1);
+    let (status, resp) = post(&format!("{}/v1/spaces/news/query?after={after}", leader.api), q.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    let got = settled(&leader, ids.len() as u64).await;
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        v.as_object_mut().unwrap().remove("as_of");
+        v
+    };
+    assert_eq!(strip(&got), strip(&want), "two processes build the memory of one");
+    assert_eq!(neighbours(&leader, &ids).await, want_neighbours);
+
+    // Each process logged only its own partitions.
+    let own = |ps: &[i32]| ps.iter().map(|p| format!("kafka:{topic}/{p}")).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(logged_sources(&dir.path().join("p0/input.log")), own(&[0, 2]));
+    assert_eq!(logged_sources(&dir.path().join("p1/process-1/input.log")), own(&[1, 3]));
+
+    // Both commit their offsets once the views (on process 0) reflect them.
+    let (b2, g2, t2) = (b.clone(), group2.clone(), topic.clone());
+    wait_until("all four partitions committed", 30, async || {
+        let (b, g, t) = (b2.clone(), g2.clone(), t2.clone());
+        tokio::task::spawn_blocking(move || committed(&b, &g, &t, 4)).await.unwrap() == ends.to_vec()
+    })
+    .await;
+    // The follower's own metrics: the records it read.
+    let metrics = common::client().get(format!("http://{follower_admin}/metrics")).send().await.unwrap().text().await.unwrap();
+    let read: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("engram_kafka_records_in_total{") && l.contains(&topic))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no engram_kafka_records_in_total for {topic}"));
+    assert_eq!(read as i64, ends[1] + ends[3]);
+
+    assert_eq!(leader.terminate(), Some(0));
+    let status = follower.wait().unwrap();
+    assert!(status.success(), "the follower ends with the dataflow: {status}");
 }
