@@ -2,7 +2,6 @@
 //! segmentation and relation requests from a script (one malformed reply included): the model's events replace the
 //! extractive ones, and a restart makes no call.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
-use common::{get, Engine};
+use crate::common::{get, Engine};
 use serde_json::{json, Value};
 
 type Calls = Arc<Mutex<BTreeMap<String, usize>>>;

@@ -1,12 +1,11 @@
 //! Whole system: the bundled examples ingested by two timely processes (two workers each) on loopback give the same
 //! memory as one process with one worker.
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
 
-use common::{engram, get, Engine};
+use crate::common::{engram, get, Engine};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -1,14 +1,13 @@
 //! `engram eval locomo` on a small LoCoMo-shaped fixture (the bundled stand-up conversation, original text): the
 //! output file has the contract's shape, skips category 5 and evidence that names no turn, and recall is a share.
 
-mod common;
 
 #[test]
 fn eval_locomo_writes_recall_by_mode_budget_and_category() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("eval.json");
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/locomo-mini.json");
-    let status = common::engram()
+    let status = crate::common::engram()
         .args(["eval", "locomo", "--data", fixture, "--budgets", "100,500", "--out"])
         .arg(&out)
         .status()
@@ -36,15 +35,15 @@ fn bad_eval_data_and_bad_asks_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{\"not\": \"a list\"}").unwrap();
-    let out = common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
+    let out = crate::common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected a JSON array"), "{out:?}");
     std::fs::write(&bad, "[{\"sample_id\": ").unwrap();
-    let out = common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
+    let out = crate::common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
 
-    let out = common::engram()
+    let out = crate::common::engram()
         .args(["run", "--once", "--ask", "no-colon-here", "--data-dir"])
         .arg(dir.path())
         .output()
@@ -58,7 +57,7 @@ fn eval_qmsum_reports_recall_of_relevant_spans() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("qmsum.json");
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qmsum-mini");
-    let output = common::engram()
+    let output = crate::common::engram()
         .args(["eval", "qmsum", "--data", fixture, "--budgets", "30,1000", "--mode", "flat", "--mode", "compass", "--out"])
         .arg(&out)
         .output()
@@ -77,7 +76,7 @@ fn eval_qmsum_reports_recall_of_relevant_spans() {
     assert_eq!(row("flat", 1000, "all")["recall"], 1.0);
     assert!(row("flat", 30, "specific")["recall"].as_f64().unwrap() < 1.0, "30 words cannot hold three turns");
     assert!(row("compass", 30, "specific")["recall"].as_f64().unwrap() > 0.0);
-    let bad = common::engram().args(["eval", "qmsum", "--data", "/nonexistent/qmsum"]).output().unwrap();
+    let bad = crate::common::engram().args(["eval", "qmsum", "--data", "/nonexistent/qmsum"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent/qmsum"));
 }

@@ -1,11 +1,10 @@
 //! The CAM hierarchy end to end over HTTP: clusters and summaries appear for the bundled examples, a delete
 //! retracts what was derived from the document and re-summarises what changed, and a restart makes no summary call.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, post, Engine};
+use crate::common::{get, post, Engine};
 use serde_json::json;
 
 fn example(name: &str) -> String {
@@ -31,7 +30,7 @@ async fn settled(engine: &Engine) -> serde_json::Value {
 }
 
 async fn metric(engine: &Engine, name: &str) -> f64 {
-    let text = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
     text.lines()
         .filter(|l| l.starts_with(name))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())

@@ -2,11 +2,10 @@
 //! order) with typed relations; a new turn reaches its event within an epoch; deleting the conversation retracts
 //! them all.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{get, post, Engine};
+use crate::common::{get, post, Engine};
 use serde_json::{json, Value};
 
 async fn space(engine: &Engine, name: &str) -> Value {

@@ -1,11 +1,10 @@
 //! The HTTP API over real sockets, against the real binary: ingest → query, read-your-writes, bad bodies, config
 //! errors, durability across kill -9, dead-lettering of file input, clean shutdown.
 
-mod common;
 
 use std::io::Write;
 
-use common::{chunk, engram, get, post, Engine};
+use crate::common::{chunk, engram, get, post, Engine};
 use serde_json::json;
 
 const STORM: &str = "A storm flooded the harbour district overnight and the harbour master closed the quay.";
@@ -64,7 +63,7 @@ async fn ingest_query_round_trip_with_read_your_writes() {
     assert_eq!(status, 404);
 
     // Metrics on the admin port.
-    let text = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
     for name in ["engram_records_in_total", "engram_epochs_total", "engram_nodes", "engram_edges",
                  "engram_frontier_lag_epochs", "engram_query_duration_seconds_bucket"] {
         assert!(text.contains(name), "{name} missing from /metrics");

@@ -2,7 +2,6 @@
 //! requests none) and with the `local` sentence-transformer (deletes and replacements cancel exactly even though its
 //! vectors depend on the batch).
 
-mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::routing::post as route_post;
 use axum::{Json, Router};
-use common::{chunk, get, post, Engine};
+use crate::common::{chunk, get, post, Engine};
 use operators::{Embedder, HashEmbedder};
 use serde_json::{json, Value};
 
@@ -57,7 +56,7 @@ async fn openai_embedder_logs_vectors_and_a_restart_requests_none() {
     assert_eq!(resp["evidence"][0]["id"], "cup#0", "{resp}");
     let requested = seen.lock().unwrap().clone();
     assert!(requested.iter().any(|t| t.contains("football club")), "chunks are embedded by the server: {requested:?}");
-    let metrics = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    let metrics = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("engram_embedder_requests_total{outcome=\"ok\",stage=\"embed\"}"), "{metrics}");
     assert!(metrics.contains("engram_embedder_texts_total{kind=\"openai\"}"), "{metrics}");
     let logged = std::fs::read_to_string(dir.path().join("embeddings.log")).unwrap();
@@ -80,7 +79,7 @@ async fn openai_embedder_logs_vectors_and_a_restart_requests_none() {
 #[tokio::test]
 async fn openai_embedder_unreachable_is_an_error_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = common::engram()
+    let out = crate::common::engram()
         .args(["run", "--once", "--data-dir"])
         .arg(dir.path())
         .env("ENGRAM__EMBEDDER__KIND", "openai")

@@ -1,7 +1,6 @@
 //! The engine with `llm.backend = "openai"` against a local OpenAI-compatible test server: cluster summaries come
 //! from the server (through 500s, which are retried), and a restart makes zero calls, counted at the server.
 
-mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use common::{get, Engine};
+use crate::common::{get, Engine};
 use serde_json::{json, Value};
 
 async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) -> axum::response::Response {

@@ -5,7 +5,6 @@
 //! partitions between them building the memory of one.
 #![cfg(feature = "kafka")]
 
-mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::routing::post as route_post;
 use axum::{Json, Router};
-use common::{get, post, Engine};
+use crate::common::{get, post, Engine};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -158,7 +157,7 @@ async fn records_from_kafka_with_dead_letters_changes_and_committed_offsets() {
         tokio::task::spawn_blocking(move || committed(&b, &g, &t, 2)).await.unwrap() == vec![offsets[2] + 1, offsets[4] + 1]
     })
     .await;
-    let metrics = common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    let metrics = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
     for name in ["engram_kafka_consumer_lag", "engram_kafka_records_in_total", "engram_kafka_commit_seconds", "engram_kafka_records_out_total"] {
         assert!(metrics.contains(name), "{name} missing");
     }
@@ -336,7 +335,7 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
     std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", port(), port())).unwrap();
     let hosts = hosts.to_str().unwrap();
     let follower_admin = format!("127.0.0.1:{}", port());
-    let mut follower = common::engram()
+    let mut follower = crate::common::engram()
         .args(["run", "-n", "2", "-p", "1", "-w", "1", "-h", hosts, "--admin", &follower_admin, "--data-dir"])
         .arg(dir.path().join("p1"))
         .envs(env.iter().copied())
@@ -372,7 +371,7 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
     })
     .await;
     // The follower's own metrics: the records it read.
-    let metrics = common::client().get(format!("http://{follower_admin}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = crate::common::client().get(format!("http://{follower_admin}/metrics")).send().await.unwrap().text().await.unwrap();
     let read: f64 = metrics
         .lines()
         .find(|l| l.starts_with("engram_kafka_records_in_total{") && l.contains(&topic))

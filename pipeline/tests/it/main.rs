@@ -1,0 +1,14 @@
+//! The engine's integration tests, as one test binary: the whole engine (candle, librdkafka, axum, …) is linked once
+//! instead of once per file, which saves minutes of linking and gigabytes of disk.
+
+mod common;
+
+mod cluster;
+mod embedders;
+mod eval;
+mod events;
+mod events_llm;
+mod hierarchy;
+mod http_api;
+mod kafka;
+mod llm;
