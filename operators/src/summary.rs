@@ -35,6 +35,11 @@ pub trait Llm: Send + Sync {
     fn segment(&self, turns: &[TurnIn]) -> Result<Vec<EventDraft>, LlmError>;
     /// Types the relations among events (in time order).
     fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError>;
+    /// A short answer to `question` from the evidence passages (best first); `None` from a backend that does not
+    /// generate text (the extractive one: its "answer" is the evidence itself).
+    fn answer(&self, _question: &str, _evidence: &[&str]) -> Result<Option<String>, LlmError> {
+        Ok(None)
+    }
 }
 
 /// The built-in extractive backend.

@@ -101,7 +101,12 @@ pub struct Shared {
     clock: AtomicU64,
     /// The Kafka output topics (no-ops when none is configured).
     pub outputs: crate::outputs::Outputs,
+    /// Logged answers of the configured model: (space, `ans:` key) → answer.
+    answers: Mutex<HashMap<(String, String), String>>,
 }
+
+/// The response-log key prefix of generated answers (never an input of the dataflow).
+const ANSWER_KEY: &str = "ans:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -274,8 +279,14 @@ impl Shared {
             tracing::info!(records = items.len(), "replaying the input log");
         }
         items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
-        let logged = responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model());
-        items.extend(logged.map(|r| Item::Summary(r.space, r.key, r.response)));
+        let mut answers = HashMap::new();
+        for r in responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model()) {
+            if r.key.starts_with(ANSWER_KEY) {
+                answers.insert((r.space, r.key), r.response);
+            } else {
+                items.push(Item::Summary(r.space, r.key, r.response));
+            }
+        }
         let open_epoch = max_epoch.unwrap_or(0);
         let opened = (!items.is_empty()).then(Instant::now);
         let outputs = crate::outputs::Outputs::open(&config.kafka, kafka_metrics(&metrics))?;
@@ -295,9 +306,32 @@ impl Shared {
             closed: Mutex::new(VecDeque::new()),
             place,
             clock: AtomicU64::new(0),
+            answers: Mutex::new(answers),
             outputs,
             config,
         }))
+    }
+
+    /// The model's short answer to `question` from `evidence` (best first), `None` without a model. Logged like
+    /// summaries (keyed by question and evidence), so asking again, or after a restart, makes no call.
+    pub fn answer(&self, space: &str, question: &str, evidence: &[&str]) -> Result<Option<String>, operators::summary::LlmError> {
+        let mut parts: Vec<(String, &str)> = vec![("question".into(), question)];
+        parts.extend(evidence.iter().enumerate().map(|(i, e)| (i.to_string(), *e)));
+        let refs: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let key = format!("{ANSWER_KEY}{}", operators::summary::content_hash(&refs));
+        if let Some(a) = self.answers.lock().expect("answers lock").get(&(space.to_string(), key.clone())) {
+            return Ok(Some(a.clone()));
+        }
+        let Some(answer) = self.llm.answer(question, evidence)? else { return Ok(None) };
+        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: answer.clone() };
+        match self.response_log.lock().expect("response log lock").append(std::slice::from_ref(&logged)) {
+            Ok(()) => {
+                self.outputs.responses(std::slice::from_ref(&logged));
+                self.answers.lock().expect("answers lock").insert((space.to_string(), key), answer.clone());
+            }
+            Err(e) => tracing::error!(error = %e, "could not append an answer to the response log; it is not kept"),
+        }
+        Ok(Some(answer))
     }
 
     /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.

@@ -3,7 +3,9 @@
 //! hierarchy, summaries, events), then each question is asked in every mode at budgets of 250, 500 and 1,000 words;
 //! recall is the share of the gold turns found among the layer-0 turns of the evidence — LoCoMo: the evidence
 //! `dia_id`s of categories 1–4; QMSum: the transcript turns inside each query's `relevant_text_span`s (categories
-//! `specific` and `general`).
+//! `specific` and `general`). With an LLM configured (`llm.backend = "openai"`), every retrieval is also answered
+//! from its evidence and the answer scored against the gold one: token F1 and BLEU-1 for LoCoMo, ROUGE-L for QMSum
+//! (`crate::score`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -49,6 +51,17 @@ struct Question {
     text: String,
     category: String,
     gold: BTreeSet<String>,
+    /// The gold answer, when the data has one.
+    answer: Option<String>,
+}
+
+/// A gold answer as text (LoCoMo has numbers among its answers).
+fn answer_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 fn load_qmsum(dir: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
@@ -87,7 +100,13 @@ fn load_qmsum(dir: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
                 if gold.is_empty() {
                     continue;
                 }
-                questions.push(Question { space: space.clone(), text: q["query"].as_str().unwrap_or("").into(), category: category.into(), gold });
+                questions.push(Question {
+                    space: space.clone(),
+                    text: q["query"].as_str().unwrap_or("").into(),
+                    category: category.into(),
+                    gold,
+                    answer: answer_text(&q["answer"]),
+                });
             }
         }
     }
@@ -135,7 +154,13 @@ fn load_locomo(path: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
             if gold.is_empty() {
                 continue;
             }
-            questions.push(Question { space: space.clone(), text: qa["question"].as_str().unwrap_or("").into(), category: label, gold });
+            questions.push(Question {
+                space: space.clone(),
+                text: qa["question"].as_str().unwrap_or("").into(),
+                category: label,
+                gold,
+                answer: answer_text(&qa["answer"]),
+            });
         }
     }
     Ok((records, questions))
@@ -169,14 +194,22 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let ws = shared.clone();
     let guards = timely::execute(timely::Config::thread(), move |w| engine::run_worker(w, ws.clone()))
         .map_err(|e| anyhow::anyhow!("timely: {e}"))?;
-    // Settled: the records are in and no cluster waits for a summary (for two looks in a row).
+    // Settled: the records are in and no cluster waits for a summary (for two looks in a row). A model that keeps
+    // failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
     let mut quiet = 0;
+    let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
     loop {
         std::thread::sleep(Duration::from_millis(200));
         let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of.borrow().is_some_and(|a| a >= e));
         let pending = shared.views.read().expect("views").request_count();
         quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
         if quiet >= 2 {
+            break;
+        }
+        if pending != last_pending {
+            (last_pending, progress) = (pending, Instant::now());
+        } else if settled && progress.elapsed() > Duration::from_secs(60) {
+            eprintln!("warning: {pending} summary or segmentation requests made no progress for a minute (is the model failing?); evaluating without them");
             break;
         }
     }
@@ -196,6 +229,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     };
     // (mode, budget, category) → (n, recall sum)
     let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();
+    // With a model: (mode, budget, category) → scores of the generated answers.
+    let answering = shared.config.llm.backend != crate::config::LlmBackend::Extractive;
+    let mut scored: BTreeMap<(&'static str, usize, String), Scores> = BTreeMap::new();
     // A progress bar on a terminal; plain lines every 100 questions otherwise (CI logs, files).
     let bar = indicatif::ProgressBar::new(questions.len() as u64);
     bar.set_style(
@@ -213,8 +249,18 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         for &mode in &modes {
             for &budget in &args.budgets {
                 let k = if mode == Mode::Flat { 200 } else { 10 };
-                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k) };
+                let answer = answering && q.answer.is_some();
+                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k), answer: Some(answer) };
                 let resp = crate::http::execute_query(&shared, &q.space, &req).map_err(|e| anyhow::anyhow!(e.message))?;
+                if let (true, Some(gold)) = (answer, &q.answer) {
+                    let predicted = resp.answer.clone().unwrap_or_default();
+                    if let Some(err) = &resp.answer_error {
+                        tracing::warn!(question = %q.text, error = %err, "no answer; scored as empty");
+                    }
+                    for cat in [q.category.to_string(), "all".to_string()] {
+                        scored.entry((mode.as_str(), budget, cat)).or_default().add(&predicted, gold, resp.answer_error.is_some());
+                    }
+                }
                 let mut found: BTreeSet<String> = BTreeSet::new();
                 for e in resp.evidence.iter().filter(|e| e.layer == 0) {
                     let ids: Vec<String> = match e.source.get("nodes").and_then(Value::as_array) {
@@ -240,7 +286,25 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let _ = summarizer.join();
     let results: Vec<Value> = acc
         .iter()
-        .map(|((m, b, c), (n, s))| json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64}))
+        .map(|(key, (n, s))| {
+            let (m, b, c) = key;
+            let mut row = json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64});
+            if let Some(sc) = scored.get(key) {
+                let obj = row.as_object_mut().expect("an object");
+                obj.insert("answered".into(), json!(sc.n));
+                obj.insert("answer_errors".into(), json!(sc.errors));
+                match args.dataset {
+                    Dataset::Locomo => {
+                        obj.insert("f1".into(), json!(sc.mean(sc.f1)));
+                        obj.insert("bleu1".into(), json!(sc.mean(sc.bleu1)));
+                    }
+                    Dataset::Qmsum => {
+                        obj.insert("rouge_l".into(), json!(sc.mean(sc.rouge_l)));
+                    }
+                }
+            }
+            row
+        })
         .collect();
     let categories: Vec<(String, &str)> = match args.dataset {
         Dataset::Locomo => vec![("1".into(), "cat 1 multi-hop"), ("2".into(), "cat 2 temporal"), ("3".into(), "cat 3 open"), ("4".into(), "cat 4 single-hop")],
@@ -255,11 +319,60 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
         }
     }
+    if !scored.is_empty() {
+        let metric = match args.dataset {
+            Dataset::Locomo => "answer F1 / BLEU-1",
+            Dataset::Qmsum => "answer ROUGE-L",
+        };
+        println!();
+        println!("| mode | budget | {metric} (all) | {} |", categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "));
+        println!("|---|---|---|{}", "---|".repeat(categories.len()));
+        for &mode in &modes {
+            for &b in &args.budgets {
+                let cell = |c: &str| {
+                    scored.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |sc| match args.dataset {
+                        Dataset::Locomo => format!("{:.3} / {:.3} ({})", sc.mean(sc.f1), sc.mean(sc.bleu1), sc.n),
+                        Dataset::Qmsum => format!("{:.3} ({})", sc.mean(sc.rouge_l), sc.n),
+                    })
+                };
+                let cells: Vec<String> = categories.iter().map(|c| cell(&c.0)).collect();
+                println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
+            }
+        }
+    }
     if let Some(out) = args.out {
         std::fs::write(&out, serde_json::to_string_pretty(&json!({"dataset": dataset, "build_seconds": build_seconds, "results": results}))?)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sums of answer scores over questions.
+#[derive(Default)]
+struct Scores {
+    n: usize,
+    errors: usize,
+    f1: f64,
+    bleu1: f64,
+    rouge_l: f64,
+}
+
+impl Scores {
+    fn add(&mut self, predicted: &str, gold: &str, failed: bool) {
+        self.n += 1;
+        self.errors += usize::from(failed);
+        self.f1 += crate::score::f1(predicted, gold);
+        self.bleu1 += crate::score::bleu1(predicted, gold);
+        self.rouge_l += crate::score::rouge_l(predicted, gold);
+    }
+
+    fn mean(&self, sum: f64) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            sum / self.n as f64
+        }
+    }
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

@@ -240,15 +240,28 @@ pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<Quer
     let k = req.k.unwrap_or(s.config.query.default_k);
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     let started = Instant::now();
-    let views = s.views.read().expect("views lock");
-    let view = space_view(&views, space)?;
-    let (evidence, trace) = match req.mode {
-        Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &req.query, k, budget),
-        Mode::Compass => query::compass(view, s.embedder.as_ref(), &req.query, k, budget),
-        Mode::Flat => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
+    let (evidence, trace, as_of) = {
+        let views = s.views.read().expect("views lock");
+        let view = space_view(&views, space)?;
+        let (evidence, trace) = match req.mode {
+            Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &req.query, k, budget),
+            Mode::Compass => query::compass(view, s.embedder.as_ref(), &req.query, k, budget),
+            Mode::Flat => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
+        };
+        (evidence, trace, views.as_of)
     };
     s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
-    Ok(QueryResponse { evidence, answer: None, as_of: views.as_of, trace })
+    // The Responder: a short answer from the evidence, with the views unlocked while the model thinks.
+    let wanted = req.answer.unwrap_or(s.config.llm.backend != crate::config::LlmBackend::Extractive);
+    let (mut answer, mut answer_error) = (None, None);
+    if wanted && !evidence.is_empty() {
+        let texts: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();
+        match s.answer(space, &req.query, &texts) {
+            Ok(a) => answer = a,
+            Err(e) => answer_error = Some(e.to_string()),
+        }
+    }
+    Ok(QueryResponse { evidence, answer, answer_error, as_of, trace })
 }
 
 async fn node(

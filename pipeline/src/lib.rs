@@ -9,4 +9,5 @@ pub mod http;
 pub mod metrics;
 pub mod outputs;
 pub mod query;
+pub mod score;
 pub mod views;

@@ -323,6 +323,7 @@ async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, once: bo
             mode: engram::query::Mode::Flat,
             budget_words: None,
             k: Some(3),
+            answer: None,
         };
         let s = shared.clone();
         let space = space.to_string();

@@ -35,6 +35,9 @@ pub struct QueryRequest {
     pub mode: Mode,
     pub budget_words: Option<usize>,
     pub k: Option<usize>,
+    /// Generate an answer from the evidence (default: whenever an LLM is configured).
+    #[serde(default)]
+    pub answer: Option<bool>,
 }
 
 fn default_mode() -> Mode {
@@ -55,6 +58,10 @@ pub struct Evidence {
 pub struct QueryResponse {
     pub evidence: Vec<Evidence>,
     pub answer: Option<String>,
+    /// Why no answer came back when one was asked for (the model failed or replied off-contract); the evidence
+    /// stands regardless.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_error: Option<String>,
     pub as_of: Option<u64>,
     pub trace: Vec<serde_json::Value>,
 }

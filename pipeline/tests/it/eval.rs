@@ -80,3 +80,55 @@ fn eval_qmsum_reports_recall_of_relevant_spans() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent/qmsum"));
 }
+
+/// An OpenAI-compatible test server for eval: summaries, a session as one event, no relations, and the same answer to
+/// every question.
+async fn fixed_answers(axum::Json(body): axum::Json<serde_json::Value>) -> axum::Json<serde_json::Value> {
+    let stage = body["response_format"]["json_schema"]["name"].as_str().unwrap_or("");
+    let user = body["messages"][1]["content"].as_str().unwrap_or("");
+    let content = match stage {
+        "answer" => serde_json::json!({"answer": "A lock timeout."}),
+        "segment" => {
+            let turns: Vec<serde_json::Value> = user.find('[').and_then(|i| serde_json::from_str(&user[i..]).ok()).unwrap_or_default();
+            let numbers: Vec<usize> = (1..=turns.len()).collect();
+            serde_json::json!({"events": [{"turns": numbers, "summary": "the stand-up", "people": [], "time": null}]})
+        }
+        "relate" => serde_json::json!({"relations": []}),
+        _ => serde_json::json!({"summary": "a summary"}),
+    };
+    axum::Json(serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content.to_string()}}],
+                                  "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_with_a_model_scores_its_answers() {
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(fixed_answers));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("eval.json");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/locomo-mini.json");
+    let mut cmd = crate::common::engram();
+    cmd.args(["eval", "locomo", "--data", fixture, "--budgets", "500", "--mode", "flat", "--out"])
+        .arg(&out)
+        .env("ENGRAM__LLM__BACKEND", "openai")
+        .env("ENGRAM__LLM__BASE_URL", &base)
+        .env("ENGRAM__LLM__MODEL", "test-model")
+        .env("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000");
+    let output = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("answer F1 / BLEU-1"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let row = |c: &str| v["results"].as_array().unwrap().iter().find(|r| r["category"] == c).cloned().unwrap();
+    // Category 4's question has the gold answer "a lock timeout": exact after normalisation.
+    assert_eq!(row("4")["f1"], 1.0, "{v}");
+    assert_eq!(row("4")["bleu1"], 1.0, "{v}");
+    // "Ben" and "Friday" share no token with it.
+    assert_eq!(row("1")["f1"], 0.0);
+    let all = row("all");
+    assert_eq!(all["answered"], 3);
+    assert_eq!(all["answer_errors"], 0);
+    assert!((all["f1"].as_f64().unwrap() - 1.0 / 3.0).abs() < 1e-9, "{all}");
+}

@@ -79,3 +79,77 @@ async fn summaries_from_an_openai_compatible_server_and_no_call_on_restart() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(calls.load(Ordering::SeqCst), made, "a restart makes no call: every response is in the log");
 }
+
+/// Summaries as above; answers `{"answer": …}` counted per question; a question with "poison" in it gets a reply
+/// that is not the JSON asked for, every time.
+async fn responder(State(asked): State<Arc<std::sync::Mutex<Vec<String>>>>, Json(body): Json<Value>) -> Json<Value> {
+    let stage = body["response_format"]["json_schema"]["name"].as_str().unwrap_or("");
+    let user = body["messages"][1]["content"].as_str().unwrap_or("").to_string();
+    let content = if stage == "answer" {
+        asked.lock().unwrap().push(user.clone());
+        if user.contains("poison") {
+            json!({"reply": "not what was asked"}).to_string()
+        } else {
+            json!({"answer": "twenty six million pounds"}).to_string()
+        }
+    } else {
+        json!({"summary": "a summary"}).to_string()
+    };
+    Json(json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_come_from_the_model_once_and_a_bad_reply_leaves_the_evidence() {
+    let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let app = Router::new().route("/v1/chat/completions", post(responder)).with_state(asked.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    ];
+    let mut engine = Engine::start(dir.path(), &["--input", &news], &env);
+    settled(&engine).await;
+    let url = format!("{}/v1/spaces/news/query", engine.api);
+    let q = json!({"query": "How much will the sea wall cost?", "mode": "flat", "k": 3});
+    let (status, resp) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["answer"], "twenty six million pounds", "{resp}");
+    assert!(resp.get("answer_error").is_none(), "{resp}");
+    {
+        let asked = asked.lock().unwrap();
+        assert_eq!(asked.len(), 1);
+        // The prompt carries the question and the evidence, best first.
+        assert!(asked[0].contains("How much will the sea wall cost?"));
+        assert!(asked[0].contains(resp["evidence"][0]["text"].as_str().unwrap()), "{}", asked[0]);
+    }
+    // The same question over the same evidence is answered from the response log.
+    let (_, again) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(again["answer"], resp["answer"]);
+    assert_eq!(asked.lock().unwrap().len(), 1, "asked once");
+    // Evidence only, on request.
+    let (_, plain) = crate::common::post(&url, json!({"query": "sea wall cost", "answer": false}).to_string()).await;
+    assert_eq!(plain["answer"], Value::Null);
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    // A reply that is not the JSON asked for (after the client's repair round): the evidence, and why no answer.
+    let (status, bad) = crate::common::post(&url, json!({"query": "poison: the sea wall"}).to_string()).await;
+    assert_eq!(status, 200, "{bad}");
+    assert_eq!(bad["answer"], Value::Null);
+    assert!(bad["answer_error"].as_str().unwrap().contains("answer"), "{bad}");
+    assert!(!bad["evidence"].as_array().unwrap().is_empty());
+    assert_eq!(engine.terminate(), Some(0));
+
+    // After a restart the logged answer is served without a call.
+    let before = asked.lock().unwrap().len();
+    let engine = Engine::start(dir.path(), &["--input", &news], &env);
+    settled(&engine).await;
+    let (_, after) = crate::common::post(&format!("{}/v1/spaces/news/query", engine.api), q.to_string()).await;
+    assert_eq!(after["answer"], "twenty six million pounds", "{after}");
+    assert_eq!(asked.lock().unwrap().len(), before, "a restart asks nothing again");
+}
