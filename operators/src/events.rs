@@ -342,11 +342,68 @@ pub fn session_key(turns: &[TurnIn]) -> String {
     format!("seg:{:016x}{:016x}", crate::hash::fnv1a(&key), crate::hash::fnv1a(&rev))
 }
 
-/// A model's answer for one session, as logged: `{"events":[EventDraft…],"relations":[RelationDraft…]}`.
+/// A model's answer for one session, as logged:
+/// `{"events":[EventDraft…],"relations":[RelationDraft…],"conversation","session","turn_ids"}` — the session and the
+/// turns (in order) it segmented, so that a live session keeps using it for those turns when more arrive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionAnswer {
     pub events: Vec<EventDraft>,
     pub relations: Vec<RelationDraft>,
+    #[serde(default)]
+    pub conversation: String,
+    #[serde(default)]
+    pub session: i64,
+    #[serde(default)]
+    pub turn_ids: Vec<String>,
+    /// [`session_key`] of those turns: an edited turn makes the answer stale.
+    #[serde(default)]
+    pub key: String,
+}
+
+/// The session a request is for, as the request's `cluster` field carries it: `[conversation, session]` as JSON.
+pub fn session_tag(conversation: &str, session: i64) -> String {
+    serde_json::json!([conversation, session]).to_string()
+}
+
+/// The inverse of [`session_tag`].
+pub fn parse_session_tag(tag: &str) -> Option<(String, i64)> {
+    serde_json::from_str(tag).ok()
+}
+
+/// A session's events from the logged answers that fit its live turns (sorted): the answer for exactly these turns
+/// if there is one; else the answer for the longest prefix of them (unchanged since it was answered), with the turns after it (the live tail, not yet
+/// segmented by the model) segmented extractively and linked to it in time; else `None`.
+fn from_answers(
+    conversation: &str,
+    session: i64,
+    live: &[&crate::model::Node],
+    answers: &[&str],
+    params: &SegmentParams,
+) -> Option<(Vec<EventRow>, Vec<RelationRow>)> {
+    let (sorted, input) = sorted_turns(live);
+    let ids: Vec<&str> = input.iter().map(|t| t.id.as_str()).collect();
+    let best = answers
+        .iter()
+        .filter_map(|a| serde_json::from_str::<SessionAnswer>(a).ok().map(|p| (p, *a)))
+        .filter(|(p, _)| !p.turn_ids.is_empty() && p.turn_ids.len() <= ids.len())
+        .filter(|(p, _)| p.turn_ids.iter().zip(&ids).all(|(a, b)| a == b))
+        .filter(|(p, _)| p.key == session_key(&input[..p.turn_ids.len()]))
+        .max_by(|(a, ra), (b, rb)| a.turn_ids.len().cmp(&b.turn_ids.len()).then_with(|| rb.cmp(ra)))?;
+    let n = best.0.turn_ids.len();
+    let (mut events, mut relations) = answered_events(conversation, session, &sorted[..n], best.1)?;
+    if n < sorted.len() {
+        let (tail_events, tail_relations) = session_events(conversation, session, &sorted[n..], params);
+        if let (Some(last), Some(first)) = (events.last(), tail_events.first()) {
+            let mut evidence = last.turns.clone();
+            evidence.extend(first.turns.iter().cloned());
+            relations.push(RelationRow { from: last.id.clone(), to: first.id.clone(), kind: RelationKind::Temporal, evidence });
+        }
+        events.extend(tail_events);
+        relations.extend(tail_relations);
+        relations.sort();
+        relations.dedup();
+    }
+    Some((events, relations))
 }
 
 fn sorted_turns<'a>(turns: &[&'a crate::model::Node]) -> (Vec<&'a crate::model::Node>, Vec<TurnIn>) {
@@ -408,9 +465,9 @@ fn rows(conversation: &str, session: i64, input: &[TurnIn], drafts: Vec<EventDra
 pub struct EventMemory<'s, T: timely::progress::Timestamp> {
     pub events: differential_dataflow::VecCollection<'s, T, (String, EventRow)>,
     pub relations: differential_dataflow::VecCollection<'s, T, (String, RelationRow)>,
-    /// With a model: the sessions whose current content has no logged answer yet — `(space, key, turns)`, each turn
-    /// as `(id, TurnIn as JSON)`.
-    pub requests: differential_dataflow::VecCollection<'s, T, (String, String, Vec<(String, String)>)>,
+    /// With a model: the sessions whose current content has no logged answer yet — `(space, session tag, key,
+    /// turns)`, the tag from [`session_tag`], each turn as `(id, TurnIn as JSON)`.
+    pub requests: differential_dataflow::VecCollection<'s, T, (String, String, String, Vec<(String, String)>)>,
 }
 
 /// CompassMem's event layer as differential dataflow: turns are grouped by (space, conversation, session) and each
@@ -418,9 +475,11 @@ pub struct EventMemory<'s, T: timely::progress::Timestamp> {
 /// conversation updates exactly its session's events and relations, and the result always equals a from-scratch
 /// build. Without a model (`with_model == false`) the extractive answer ([`session_events`]) is the answer;
 /// segmentation is greedy left to right, so a turn appended to a live session changes only its last event and
-/// earlier events keep their ids. With a model, a session's events are the logged answer for its exact content
-/// (`logged`, keyed by [`session_key`]) and, until that answer is in, the extractive ones — so a live turn reaches
-/// the memory within an epoch, and the model's segmentation replaces it when it arrives.
+/// earlier events keep their ids. With a model, a session's content with no logged answer (`logged`, keyed by
+/// [`session_key`]) is a request, and its events are the logged answer for the longest prefix of its turns that
+/// has one, the turns after that prefix segmented extractively ([`from_answers`]) — so a live turn reaches the
+/// memory within an epoch, the model's events for the turns it has seen stay put while a meeting goes on, and the
+/// model's segmentation of the whole session replaces the tail when it arrives.
 pub fn event_memory<'s, T>(
     nodes: differential_dataflow::VecCollection<'s, T, (String, crate::model::Node)>,
     logged: differential_dataflow::VecCollection<'s, T, ((String, String), String)>,
@@ -447,15 +506,16 @@ where
             let payload = input.iter().map(|t| (t.id.clone(), serde_json::to_string(t).unwrap_or_default())).collect();
             out.push(((session_key(&input), payload), 1));
         });
-    let by_key = keys.clone().map(|((s, c, n), (key, _))| ((s, key), (c, n)));
-    let answers = by_key
-        .clone()
-        .join_map(logged.clone(), |(s, _key), (c, n), answer| ((s.clone(), c.clone(), *n), answer.clone()));
+    // Every logged answer names its session: all of a session's answers meet its turns in the reduce below.
+    let answers = logged.clone().flat_map(|((s, key), answer)| {
+        let parsed = key.starts_with("seg:").then(|| serde_json::from_str::<SessionAnswer>(&answer).ok()).flatten();
+        parsed.filter(|p| !p.turn_ids.is_empty()).map(|p| ((s, p.conversation, p.session), answer))
+    });
     let answered = logged.map(|(k, _)| k).filter(|(_, key)| key.starts_with("seg:"));
     let requests = keys
-        .map(|((s, _c, _n), (key, payload))| ((s, key), payload))
+        .map(|((s, c, n), (key, payload))| ((s, key), (session_tag(&c, n), payload)))
         .antijoin(answered.distinct())
-        .map(|((s, key), payload)| (s, key, payload));
+        .map(|((s, key), (tag, payload))| (s, tag, key, payload));
     let sessions = turns
         .map(|(k, n)| (k, (Some(n), None::<String>)))
         .concat(answers.map(|(k, a)| (k, (None, Some(a)))))
@@ -464,9 +524,8 @@ where
             if live.is_empty() {
                 return;
             }
-            let answer = vals.iter().filter(|(_, d)| *d > 0).find_map(|(v, _)| v.1.as_deref());
-            let made = answer
-                .and_then(|a| answered_events(conv, *session, &live, a))
+            let answers: Vec<&str> = vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.1.as_deref()).collect();
+            let made = from_answers(conv, *session, &live, &answers, &params)
                 .unwrap_or_else(|| session_events(conv, *session, &live, &params));
             out.push((made, 1));
         });
@@ -603,4 +662,63 @@ where
             }
         })
         .map(|(s, (topic, event))| (s, topic, event))
+}
+
+#[cfg(test)]
+mod live_answer_tests {
+    use super::*;
+    use crate::model::{Node, NodeKind};
+
+    fn node(i: i64, text: &str) -> Node {
+        Node {
+            id: format!("m#T{i}"),
+            kind: NodeKind::Turn,
+            doc: "m".into(),
+            pos: i,
+            text: text.into(),
+            speaker: Some(if i % 2 == 0 { "Ana" } else { "Ben" }.into()),
+            ts: None,
+        }
+    }
+
+    /// The model's answer for `turns`: one event over all of them.
+    fn answer_for(turns: &[&Node], summary: &str) -> String {
+        let (_, input) = sorted_turns(turns);
+        let a = SessionAnswer {
+            events: vec![EventDraft { turns: (0..input.len()).collect(), summary: summary.into(), people: vec![], time: None }],
+            relations: vec![],
+            conversation: "m".into(),
+            session: 0,
+            turn_ids: input.iter().map(|t| t.id.clone()).collect(),
+            key: session_key(&input),
+        };
+        serde_json::to_string(&a).unwrap()
+    }
+
+    #[test]
+    fn a_live_session_keeps_the_answer_for_its_prefix_and_segments_the_tail() {
+        let nodes: Vec<Node> = (0..6).map(|i| node(i, &format!("Point {i} of the plan."))).collect();
+        let all: Vec<&Node> = nodes.iter().collect();
+        let p = SegmentParams::default();
+        let first = answer_for(&all[..3], "model: first three");
+        let (events, relations) = from_answers("m", 0, &all, &[first.as_str()], &p).expect("a prefix answer fits");
+        assert_eq!(events[0].summary, "model: first three");
+        assert_eq!(events[0].turns, vec!["m#T0", "m#T1", "m#T2"]);
+        let tail: Vec<String> = events[1..].iter().flat_map(|e| e.turns.clone()).collect();
+        assert_eq!(tail, vec!["m#T3", "m#T4", "m#T5"], "the tail, extractive");
+        assert!(relations.iter().any(|r| r.from == events[0].id && r.to == events[1].id && r.kind == RelationKind::Temporal));
+        // The longest fitting prefix wins; an answer for all turns replaces the tail.
+        let whole = answer_for(&all, "model: all six");
+        let (events, _) = from_answers("m", 0, &all, &[first.as_str(), whole.as_str()], &p).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].summary, "model: all six");
+        // An edited turn inside the prefix makes its answer stale: extractive until the model answers again.
+        let mut edited = nodes.clone();
+        edited[1].text = "Point 1, corrected.".into();
+        let edited_refs: Vec<&Node> = edited.iter().collect();
+        assert!(from_answers("m", 0, &edited_refs, &[first.as_str()], &p).is_none());
+        // An answer for turns that are not a prefix (a turn deleted) does not fit either.
+        let without_t0: Vec<&Node> = all[1..].to_vec();
+        assert!(from_answers("m", 0, &without_t0, &[first.as_str()], &p).is_none());
+    }
 }

@@ -75,6 +75,10 @@ pub struct EmbedderConfig {
 pub struct EventsConfig {
     /// Events of one space whose (summary | people) vectors reach this cosine merge (CompassMem: 0.88).
     pub merge_threshold: f32,
+    /// With a model: the longest a live session's newest turns wait before the model is asked to segment it again
+    /// (until then they are in the memory as extractive events).
+    #[serde(with = "humantime_serde")]
+    pub max_latency: Duration,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -249,6 +253,9 @@ impl Config {
         }
         if i.max_id_bytes == 0 {
             errs.push("ingest.max-id-bytes must be positive".into());
+        }
+        if self.events.max_latency < Duration::from_millis(100) {
+            errs.push(format!("events.max-latency = {:?} must be at least 100ms", self.events.max_latency));
         }
         if !(self.events.merge_threshold > 0.0 && self.events.merge_threshold <= 1.0) {
             errs.push(format!("events.merge-threshold = {} must be in (0, 1]", self.events.merge_threshold));

@@ -659,7 +659,7 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(h.edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
             .concat(sm.texts.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
             .concat(sm.requests.map(|(s, l, c, h, ms)| ViewUpdate::Request(s, l, c, h, ms)))
-            .concat(em.requests.map(|(s, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, String::new(), key, turns)))
+            .concat(em.requests.map(|(s, tag, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, tag, key, turns)))
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
             .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
@@ -822,13 +822,9 @@ pub fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     while worker.step() {}
 }
 
-/// The summariser: takes the clusters the views list as waiting for a summary, once each has waited
-/// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
-/// LLM on up to `llm.max-in-flight` threads, appends each response to the response log (fsync'd) and queues it as an
-/// input for the next epoch. A failed request is retried after another debounce; nothing is dropped.
 /// A session's events and relations from the model: `segment`, then `relate` over the events it gave; the logged
-/// answer is `{"events","relations"}` (operators::events::SessionAnswer).
-fn segment_session(llm: &dyn Llm, turns: &[&str]) -> Result<String, operators::summary::LlmError> {
+/// answer (operators::events::SessionAnswer) names the session (`tag`), the turns and their content key.
+fn segment_session(llm: &dyn Llm, tag: &str, key: &str, turns: &[&str]) -> Result<String, operators::summary::LlmError> {
     use operators::events::{EventIn, SessionAnswer, TurnIn};
     use operators::summary::LlmError;
     let turns: Vec<TurnIn> = turns
@@ -841,11 +837,27 @@ fn segment_session(llm: &dyn Llm, turns: &[&str]) -> Result<String, operators::s
         .map(|e| EventIn { id: String::new(), summary: e.summary.clone(), people: e.people.clone(), time: e.time.clone() })
         .collect();
     let relations = if ins.len() > 1 { llm.relate(&ins)? } else { Vec::new() };
-    serde_json::to_string(&SessionAnswer { events, relations }).map_err(|e| LlmError::BadReply(e.to_string()))
+    let (conversation, session) = operators::events::parse_session_tag(tag)
+        .ok_or_else(|| LlmError::BadReply(format!("a session request without its session: {tag:?}")))?;
+    let answer = SessionAnswer {
+        events,
+        relations,
+        conversation,
+        session,
+        turn_ids: turns.iter().map(|t| t.id.clone()).collect(),
+        key: key.to_string(),
+    };
+    serde_json::to_string(&answer).map_err(|e| LlmError::BadReply(e.to_string()))
 }
 
+/// The summariser: takes the clusters the views list as waiting for a summary, once each has waited
+/// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
+/// LLM on up to `llm.max-in-flight` threads, appends each response to the response log (fsync'd) and queues it as an
+/// input for the next epoch. A failed request is retried after another debounce; nothing is dropped. A live
+/// session (a meeting being transcribed) changes with every turn and so never waits out the debounce: its newest
+/// content is sent anyway once `events.max-latency` has passed since the session was last sent.
 pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
-    type Job = ((String, String), Vec<String>);
+    type Job = ((String, String), String, Vec<String>);
     type Done = ((String, String), Result<String, operators::summary::LlmError>, Duration);
     let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
@@ -856,10 +868,14 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
             .name(format!("engram-llm-{i}"))
             .spawn(move || loop {
                 let job = job_rx.lock().expect("job lock").recv();
-                let Ok((key, texts)) = job else { return };
+                let Ok((key, tag, texts)) = job else { return };
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let t = Instant::now();
-                let out = if key.1.starts_with("seg:") { segment_session(shared.llm.as_ref(), &refs) } else { shared.llm.summarize(&refs) };
+                let out = if key.1.starts_with("seg:") {
+                    segment_session(shared.llm.as_ref(), &tag, &key.1, &refs)
+                } else {
+                    shared.llm.summarize(&refs)
+                };
                 if done_tx.send((key, out, t.elapsed())).is_err() {
                     return;
                 }
@@ -871,17 +887,21 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
         .name("engram-summarizer".into())
         .spawn(move || {
             let debounce = shared.config.hierarchy.summary_debounce;
+            let max_latency = shared.config.events.max_latency;
             let mut first_seen: HashMap<(String, String), Instant> = HashMap::new();
             let mut submitted: HashSet<(String, String)> = HashSet::new();
+            // Per live session (space, tag): since when its newest turns have waited for the model.
+            let mut session_since: HashMap<(String, String), Instant> = HashMap::new();
             while !shared.shutdown.load(Ordering::Relaxed) {
-                let waiting: Vec<((String, String), Vec<String>)> = {
+                // ((space, content hash), layer, cluster or session tag, texts)
+                let waiting: Vec<((String, String), u32, String, Vec<String>)> = {
                     let views = shared.views.read().expect("views lock");
                     views
                         .spaces
                         .iter()
                         .flat_map(|(s, v)| {
-                            v.requests.iter().map(move |(h, (_, _, ms))| {
-                                ((s.clone(), h.clone()), ms.iter().map(|m| m.1.clone()).collect())
+                            v.requests.iter().map(move |(h, (layer, cluster, ms))| {
+                                ((s.clone(), h.clone()), *layer, cluster.clone(), ms.iter().map(|m| m.1.clone()).collect())
                             })
                         })
                         .collect()
@@ -889,11 +909,23 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                 let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
                 first_seen.retain(|k, _| live.contains(k));
                 submitted.retain(|k| live.contains(k));
+                let sessions: HashSet<(String, String)> =
+                    waiting.iter().filter(|w| w.1 == SESSION_LAYER).map(|w| (w.0 .0.clone(), w.2.clone())).collect();
+                session_since.retain(|k, _| sessions.contains(k));
                 let now = Instant::now();
-                for (key, texts) in waiting.iter() {
+                for (key, layer, tag, texts) in waiting.iter() {
                     let seen = *first_seen.entry(key.clone()).or_insert(now);
-                    if now.duration_since(seen) >= debounce && submitted.insert(key.clone()) {
-                        let _ = job_tx.send((key.clone(), texts.clone()));
+                    let stable = now.duration_since(seen) >= debounce;
+                    let overdue = *layer == SESSION_LAYER && {
+                        let since = *session_since.entry((key.0.clone(), tag.clone())).or_insert(now);
+                        now.duration_since(since) >= max_latency
+                    };
+                    if (stable || overdue) && !submitted.contains(key) {
+                        submitted.insert(key.clone());
+                        if *layer == SESSION_LAYER {
+                            session_since.insert((key.0.clone(), tag.clone()), now);
+                        }
+                        let _ = job_tx.send((key.clone(), tag.clone(), texts.clone()));
                     }
                 }
                 let mut done = Vec::new();

@@ -101,3 +101,63 @@ async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(*calls.lock().unwrap(), made, "a restart makes no call");
 }
+
+/// The turns of a session's events, in event order.
+fn covered(events: &[Value]) -> Vec<String> {
+    events.iter().flat_map(|e| e["turns"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_its_bound() {
+    let calls: Calls = Arc::default();
+    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        // A session that gains a turn every 150 ms never waits out this debounce: only the latency bound sends it.
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "1h"),
+        ("ENGRAM__EVENTS__MAX_LATENCY", "500ms"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &env);
+    let n = 24;
+    let mut model_events_while_live = 0;
+    for i in 0..n {
+        let turn = json!({"kind": "turn", "conversation": "meet", "turn": format!("T{i:02}"), "seq": i,
+                          "speaker": if i % 2 == 0 { "Ana" } else { "Ben" },
+                          "text": format!("Point {i} of the release plan: the budget line {i} and who owns it.")});
+        let (status, r) = crate::common::post(&format!("{}/v1/spaces/live/records", engine.api), turn.to_string()).await;
+        assert_eq!(status, 200, "{r}");
+        let receipt = r["receipt"].as_str().unwrap();
+        // In the memory as soon as its receipt is reflected: every turn so far in exactly one event, in order.
+        let (_, ev) = get(&format!("{}/v1/spaces/live/events?after={receipt}", engine.api)).await;
+        let events = ev["events"].as_array().unwrap();
+        let want: Vec<String> = (0..=i).map(|j| format!("meet#T{j:02}")).collect();
+        assert_eq!(covered(events), want, "{ev}");
+        model_events_while_live = model_events_while_live.max(events.iter().filter(|e| e["summary"].as_str().unwrap().starts_with("LLM event")).count());
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // The stream lasted over 3.6 s: the model was asked while it went on, and its events stood for the turns it had
+    // seen while the newest turns were extractive.
+    let asked = calls.lock().unwrap().get("segment").copied().unwrap_or(0);
+    assert!(asked >= 2, "the model was asked {asked} times during the stream");
+    assert!(model_events_while_live >= 1, "model events appeared while the session was live");
+    // Within the bound after the last turn, the whole session is the model's.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, ev) = get(&format!("{}/v1/spaces/live/events", engine.api)).await;
+        let events = ev["events"].as_array().unwrap().clone();
+        if events.iter().all(|e| e["summary"].as_str().unwrap().starts_with("LLM event")) {
+            assert_eq!(covered(&events).len(), n);
+            assert_eq!(events.len(), n / 4, "the scripted model's events of four turns: {ev}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the model never segmented the whole session: {ev}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
