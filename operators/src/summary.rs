@@ -40,6 +40,32 @@ pub trait Llm: Send + Sync {
     fn answer(&self, _question: &str, _evidence: &[&str]) -> Result<Option<String>, LlmError> {
         Ok(None)
     }
+    /// Prune-and-Grow's selection: the indices of the candidate passages relevant to `question`; `None` without a
+    /// model (retrieval then uses its similarity rule).
+    fn select(&self, _question: &str, _candidates: &[&str]) -> Result<Option<Vec<usize>>, LlmError> {
+        Ok(None)
+    }
+    /// CompassMem's Planner: the question split into 1–5 subgoals; `None` without a model.
+    fn plan(&self, _question: &str) -> Result<Option<Vec<String>>, LlmError> {
+        Ok(None)
+    }
+    /// CompassMem's Explorer: for each event (a description), what to do with it for `subgoal`; `None` without a
+    /// model.
+    fn explore(&self, _question: &str, _subgoal: &str, _events: &[&str]) -> Result<Option<Vec<Explore>>, LlmError> {
+        Ok(None)
+    }
+}
+
+/// An Explorer's choice for one event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Explore {
+    /// Keep it and walk on along its relations.
+    Expand,
+    /// Keep it; it answers the subgoal, no need to walk on.
+    Answer,
+    /// Not relevant.
+    Skip,
 }
 
 /// The built-in extractive backend.

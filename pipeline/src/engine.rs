@@ -101,12 +101,13 @@ pub struct Shared {
     clock: AtomicU64,
     /// The Kafka output topics (no-ops when none is configured).
     pub outputs: crate::outputs::Outputs,
-    /// Logged answers of the configured model: (space, `ans:` key) → answer.
+    /// Logged query-time replies of the configured model (answers, selections, plans, explorer choices):
+    /// (space, `q:` key) → reply.
     answers: Mutex<HashMap<(String, String), String>>,
 }
 
-/// The response-log key prefix of generated answers (never an input of the dataflow).
-const ANSWER_KEY: &str = "ans:";
+/// The response-log key prefix of query-time calls (never an input of the dataflow).
+const QUERY_KEY: &str = "q:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -281,7 +282,7 @@ impl Shared {
         items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
         let mut answers = HashMap::new();
         for r in responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model()) {
-            if r.key.starts_with(ANSWER_KEY) {
+            if r.key.starts_with(QUERY_KEY) {
                 answers.insert((r.space, r.key), r.response);
             } else {
                 items.push(Item::Summary(r.space, r.key, r.response));
@@ -312,26 +313,44 @@ impl Shared {
         }))
     }
 
-    /// The model's short answer to `question` from `evidence` (best first), `None` without a model. Logged like
-    /// summaries (keyed by question and evidence), so asking again, or after a restart, makes no call.
-    pub fn answer(&self, space: &str, question: &str, evidence: &[&str]) -> Result<Option<String>, operators::summary::LlmError> {
-        let mut parts: Vec<(String, &str)> = vec![("question".into(), question)];
-        parts.extend(evidence.iter().enumerate().map(|(i, e)| (i.to_string(), *e)));
+    /// A query-time model call, logged like summaries: keyed by the stage and its inputs, so the same call again,
+    /// or after a restart, is answered from the log. `None` without a model.
+    pub fn remember<T>(
+        &self,
+        space: &str,
+        stage: &str,
+        inputs: &[&str],
+        call: impl FnOnce(&dyn Llm) -> Result<Option<T>, operators::summary::LlmError>,
+    ) -> Result<Option<T>, operators::summary::LlmError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let parts: Vec<(String, &str)> = inputs.iter().enumerate().map(|(i, x)| (i.to_string(), *x)).collect();
         let refs: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        let key = format!("{ANSWER_KEY}{}", operators::summary::content_hash(&refs));
-        if let Some(a) = self.answers.lock().expect("answers lock").get(&(space.to_string(), key.clone())) {
-            return Ok(Some(a.clone()));
+        let key = format!("{QUERY_KEY}{stage}:{}", operators::summary::content_hash(&refs));
+        if let Some(logged) = self.answers.lock().expect("answers lock").get(&(space.to_string(), key.clone())) {
+            if let Ok(v) = serde_json::from_str(logged) {
+                return Ok(Some(v));
+            }
         }
-        let Some(answer) = self.llm.answer(question, evidence)? else { return Ok(None) };
-        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: answer.clone() };
+        let Some(reply) = call(self.llm.as_ref())? else { return Ok(None) };
+        let text = serde_json::to_string(&reply).map_err(|e| operators::summary::LlmError::BadReply(e.to_string()))?;
+        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: text.clone() };
         match self.response_log.lock().expect("response log lock").append(std::slice::from_ref(&logged)) {
             Ok(()) => {
                 self.outputs.responses(std::slice::from_ref(&logged));
-                self.answers.lock().expect("answers lock").insert((space.to_string(), key), answer.clone());
+                self.answers.lock().expect("answers lock").insert((space.to_string(), key), text);
             }
-            Err(e) => tracing::error!(error = %e, "could not append an answer to the response log; it is not kept"),
+            Err(e) => tracing::error!(error = %e, stage, "could not append a query-time reply to the response log; it is not kept"),
         }
-        Ok(Some(answer))
+        Ok(Some(reply))
+    }
+
+    /// The model's short answer to `question` from `evidence` (best first), `None` without a model.
+    pub fn answer(&self, space: &str, question: &str, evidence: &[&str]) -> Result<Option<String>, operators::summary::LlmError> {
+        let mut inputs = vec![question];
+        inputs.extend_from_slice(evidence);
+        self.remember(space, "answer", &inputs, |llm| llm.answer(question, evidence))
     }
 
     /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.
@@ -734,6 +753,30 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             views,
         }
     })
+}
+
+/// The model's part in one query's retrieval (`query::Guide`), every call logged under the space.
+pub struct ModelGuide<'a> {
+    pub shared: &'a Shared,
+    pub space: &'a str,
+}
+
+impl crate::query::Guide for ModelGuide<'_> {
+    fn select(&self, question: &str, candidates: &[&str]) -> Result<Option<Vec<usize>>, String> {
+        let mut inputs = vec![question];
+        inputs.extend_from_slice(candidates);
+        self.shared.remember(self.space, "select", &inputs, |llm| llm.select(question, candidates)).map_err(|e| e.to_string())
+    }
+
+    fn plan(&self, question: &str) -> Result<Option<Vec<String>>, String> {
+        self.shared.remember(self.space, "plan", &[question], |llm| llm.plan(question)).map_err(|e| e.to_string())
+    }
+
+    fn explore(&self, question: &str, subgoal: &str, events: &[&str]) -> Result<Option<Vec<operators::summary::Explore>>, String> {
+        let mut inputs = vec![question, subgoal];
+        inputs.extend_from_slice(events);
+        self.shared.remember(self.space, "explore", &inputs, |llm| llm.explore(question, subgoal, events)).map_err(|e| e.to_string())
+    }
 }
 
 /// The layer a session's segmentation request is filed under in the LLM work list (clusters use 1…max-layers).

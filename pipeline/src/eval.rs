@@ -250,7 +250,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             for &budget in &args.budgets {
                 let k = if mode == Mode::Flat { 200 } else { 10 };
                 let answer = answering && q.answer.is_some();
-                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k), answer: Some(answer) };
+                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k), answer: Some(answer), use_model: None };
                 let resp = crate::http::execute_query(&shared, &q.space, &req).map_err(|e| anyhow::anyhow!(e.message))?;
                 if let (true, Some(gold)) = (answer, &q.answer) {
                     let predicted = resp.answer.clone().unwrap_or_default();

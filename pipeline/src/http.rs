@@ -240,19 +240,35 @@ pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<Quer
     let k = req.k.unwrap_or(s.config.query.default_k);
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     let started = Instant::now();
-    let (evidence, trace, as_of) = {
+    let has_model = s.config.llm.backend != crate::config::LlmBackend::Extractive;
+    let guided = req.mode != Mode::Flat && req.use_model.unwrap_or(has_model);
+    let (evidence, trace, as_of) = if guided {
+        // The model takes seconds: retrieve from a copy of the space, so the views (and the dataflow that writes
+        // them) are never held while it thinks.
+        let (view, as_of) = {
+            let views = s.views.read().expect("views lock");
+            (space_view(&views, space)?.clone(), views.as_of)
+        };
+        let guide = crate::engine::ModelGuide { shared: s, space };
+        let (evidence, trace) = match req.mode {
+            Mode::PruneAndGrow => query::prune_and_grow(&view, s.embedder.as_ref(), &guide, &req.query, k, budget),
+            _ => query::compass(&view, s.embedder.as_ref(), &guide, &req.query, k, budget),
+        };
+        (evidence, trace, as_of)
+    } else {
         let views = s.views.read().expect("views lock");
         let view = space_view(&views, space)?;
+        let rule = query::NoModel;
         let (evidence, trace) = match req.mode {
-            Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &req.query, k, budget),
-            Mode::Compass => query::compass(view, s.embedder.as_ref(), &req.query, k, budget),
+            Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &rule, &req.query, k, budget),
+            Mode::Compass => query::compass(view, s.embedder.as_ref(), &rule, &req.query, k, budget),
             Mode::Flat => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
         };
         (evidence, trace, views.as_of)
     };
     s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
     // The Responder: a short answer from the evidence, with the views unlocked while the model thinks.
-    let wanted = req.answer.unwrap_or(s.config.llm.backend != crate::config::LlmBackend::Extractive);
+    let wanted = req.answer.unwrap_or(has_model);
     let (mut answer, mut answer_error) = (None, None);
     if wanted && !evidence.is_empty() {
         let texts: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();

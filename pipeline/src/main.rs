@@ -324,6 +324,7 @@ async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, once: bo
             budget_words: None,
             k: Some(3),
             answer: None,
+            use_model: None,
         };
         let s = shared.clone();
         let space = space.to_string();

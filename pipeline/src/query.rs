@@ -7,6 +7,38 @@ use serde_json::json;
 use operators::{Embedder, Node, NodeKind};
 
 use crate::views::SpaceView;
+use operators::summary::Explore;
+
+/// The model's part in retrieval: Prune-and-Grow's selection, CompassMem's Planner and Explorers. Each method
+/// returns `Ok(None)` without a model, and the similarity rule applies; an error is traced and the rule applies.
+pub trait Guide {
+    fn select(&self, question: &str, candidates: &[&str]) -> Result<Option<Vec<usize>>, String>;
+    fn plan(&self, question: &str) -> Result<Option<Vec<String>>, String>;
+    fn explore(&self, question: &str, subgoal: &str, events: &[&str]) -> Result<Option<Vec<Explore>>, String>;
+}
+
+/// Retrieval by the similarity rules alone.
+pub struct NoModel;
+
+impl Guide for NoModel {
+    fn select(&self, _: &str, _: &[&str]) -> Result<Option<Vec<usize>>, String> {
+        Ok(None)
+    }
+    fn plan(&self, _: &str) -> Result<Option<Vec<String>>, String> {
+        Ok(None)
+    }
+    fn explore(&self, _: &str, _: &str, _: &[&str]) -> Result<Option<Vec<Explore>>, String> {
+        Ok(None)
+    }
+}
+
+/// The most candidates shown to the model in one selection, and the most words of each.
+const SELECT_MAX: usize = 30;
+const PROMPT_WORDS: usize = 80;
+
+fn clip(text: &str, words: usize) -> String {
+    text.split_whitespace().take(words).collect::<Vec<_>>().join(" ")
+}
 
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +70,10 @@ pub struct QueryRequest {
     /// Generate an answer from the evidence (default: whenever an LLM is configured).
     #[serde(default)]
     pub answer: Option<bool>,
+    /// Let the model steer retrieval — Prune-and-Grow's selection, CompassMem's Planner and Explorers (default:
+    /// whenever an LLM is configured); `false` keeps the similarity rules.
+    #[serde(default)]
+    pub use_model: Option<bool>,
 }
 
 fn default_mode() -> Mode {
@@ -117,14 +153,15 @@ fn candidate<'a>(view: &'a SpaceView, id: &'a str) -> Option<Candidate<'a>> {
     Some(Candidate { id, layer: c.layer, text, emb, node: None })
 }
 
-/// CAM's Prune-and-Grow without an LLM. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by
-/// cosine. Then up to 5 rounds: *prune* the candidates to those within half of the best score (the similarity rule
-/// standing in for the LLM's choice), *grow* the kept ones to their same-layer neighbours and their children (never
-/// parents); stop when the candidate set no longer changes. Evidence: the kept nodes (the seeds if none), best
-/// first, consecutive chunks of one document merged into one passage, cut to the word budget.
+/// CAM's Prune-and-Grow. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by cosine. Then up to
+/// 5 rounds: *prune* the candidates — with a model, to those it selects among the best [`SELECT_MAX`] by cosine;
+/// without, to those within half of the best score — and *grow* the kept ones to their same-layer neighbours and
+/// their children (never parents); stop when the candidate set no longer changes. Evidence: the kept nodes (the
+/// seeds if none), best first, consecutive chunks of one document merged into one passage, cut to the word budget.
 pub fn prune_and_grow(
     view: &SpaceView,
     embedder: &dyn Embedder,
+    guide: &dyn Guide,
     query: &str,
     k: usize,
     budget_words: usize,
@@ -141,10 +178,25 @@ pub fn prune_and_grow(
     let mut candidates = seeds.clone();
     let mut kept: BTreeSet<&str> = BTreeSet::new();
     for round in 1..=5 {
-        let scored: Vec<(f32, &str)> =
+        let mut scored: Vec<(f32, &str)> =
             candidates.iter().filter_map(|id| candidate(view, id).map(|c| (score(&c), *id))).collect();
         let best = scored.iter().map(|x| x.0).fold(f32::MIN, f32::max);
-        kept = scored.iter().filter(|x| x.0 > 0.0 && x.0 >= 0.5 * best).map(|x| x.1).collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let shown: Vec<(f32, &str)> = scored.iter().take(SELECT_MAX).copied().collect();
+        let texts: Vec<String> = shown.iter().filter_map(|(_, id)| candidate(view, id).map(|c| clip(c.text, PROMPT_WORDS))).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        kept = match guide.select(query, &refs) {
+            Ok(Some(chosen)) => {
+                trace.push(json!({"step": "select", "round": round, "shown": shown.len(), "chosen": chosen.len(), "why": "the model's selection"}));
+                chosen.iter().filter_map(|i| shown.get(*i)).map(|x| x.1).collect()
+            }
+            other => {
+                if let Err(e) = other {
+                    trace.push(json!({"step": "model-error", "round": round, "error": e, "why": "the similarity rule instead"}));
+                }
+                scored.iter().filter(|x| x.0 > 0.0 && x.0 >= 0.5 * best).map(|x| x.1).collect()
+            }
+        };
         let mut grown = kept.clone();
         for id in &kept {
             if let Some(nbrs) = view.adjacency.get(*id) {
@@ -239,16 +291,38 @@ pub fn plan(query: &str) -> Vec<String> {
     goals
 }
 
-/// CompassMem's retrieval without a model. *Planner*: [`plan`]. *Explorers*: per subgoal, the top-k events by the
-/// best of their summary's and their turns' cosine seed a walk along typed relations (both directions, up to two
-/// hops, each hop worth 0.8 of the event it came from); events reached within half of the best score are kept.
-/// *Responder* (evidence only, no answer without a model): every layer-0 node ranked by the best of its own score
-/// and 0.9 × its kept event's score — the turns of the events the walk found, around and between the best turns —
-/// consecutive turns merged into passages, cut to the word budget. A space without events is answered as `flat`.
-pub fn compass(view: &SpaceView, embedder: &dyn Embedder, query: &str, k: usize, budget_words: usize) -> (Vec<Evidence>, Vec<serde_json::Value>) {
+/// CompassMem's retrieval. *Planner*: the model's 1–5 subgoals, or without a model [`plan`]. *Explorers*: per
+/// subgoal, the top-k events by the best of their summary's and their turns' cosine seed a walk along typed
+/// relations (both directions, up to two hops, each hop worth 0.8 of the event it came from). With a model, the
+/// seeds and then each hop's new events go to it, and it says per event *answer* (keep), *expand* (keep and walk on)
+/// or *skip*; without, events within half of the best score are kept and walked on. *Responder*: every layer-0
+/// node ranked by the best of its own score and 0.9 × its kept event's score — the turns of the events the walk
+/// found, around and between the best turns — consecutive turns merged into passages, cut to the word budget (the
+/// answer itself is generated from them by the caller). A space without events is answered as `flat`.
+pub fn compass(
+    view: &SpaceView,
+    embedder: &dyn Embedder,
+    guide: &dyn Guide,
+    query: &str,
+    k: usize,
+    budget_words: usize,
+) -> (Vec<Evidence>, Vec<serde_json::Value>) {
     use std::collections::{BTreeMap, HashMap};
-    let goals = plan(query);
-    let mut trace = vec![json!({"step": "plan", "subgoals": goals, "why": "the question and its clauses (no model)"})];
+    let mut trace = Vec::new();
+    let goals = match guide.plan(query) {
+        Ok(Some(goals)) => {
+            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the model's subgoals"}));
+            goals
+        }
+        other => {
+            if let Err(e) = other {
+                trace.push(json!({"step": "model-error", "stage": "plan", "error": e, "why": "the question and its clauses instead"}));
+            }
+            let goals = plan(query);
+            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the question and its clauses (no model)"}));
+            goals
+        }
+    };
     if view.events.is_empty() {
         let (e, t) = flat(view, embedder, query, k.max(10), budget_words);
         trace.push(json!({"step": "explore", "why": "no events in this space: flat retrieval"}));
@@ -277,26 +351,83 @@ pub fn compass(view: &SpaceView, embedder: &dyn Embedder, query: &str, k: usize,
         let mut ranked: Vec<(f32, &str)> = view.events.keys().map(|id| (score(id), id.as_str())).collect();
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         let best = ranked.first().map_or(0.0, |r| r.0);
-        let mut here: BTreeMap<&str, f32> = ranked.iter().take(k).filter(|r| r.0 >= 0.5 * best).map(|r| (r.1, r.0)).collect();
-        let mut frontier: Vec<(&str, f32)> = here.iter().map(|(id, s)| (*id, *s)).collect();
+        // The Explorer's choice over some events: the model's, else the rule (within half of the best: expand).
+        let by_model = std::cell::Cell::new(false);
+        let decide = |cands: &[(&str, f32)], trace: &mut Vec<serde_json::Value>| -> Vec<Explore> {
+            let describe = |id: &str| {
+                let e = &view.events[id];
+                let mut d = clip(&e.summary, PROMPT_WORDS);
+                if !e.people.is_empty() {
+                    d.push_str(&format!(" (people: {})", e.people.join(", ")));
+                }
+                if let Some(t) = &e.time {
+                    d.push_str(&format!(" (time: {t})"));
+                }
+                d
+            };
+            let texts: Vec<String> = cands.iter().map(|(id, _)| describe(id)).collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            if !cands.is_empty() {
+                match guide.explore(query, g, &refs) {
+                    Ok(Some(actions)) => {
+                        by_model.set(true);
+                        return actions;
+                    }
+                    Ok(None) => {}
+                    Err(e) => trace.push(json!({"step": "model-error", "stage": "explore", "error": e, "why": "the similarity rule instead"})),
+                }
+            }
+            cands.iter().map(|(_, s)| if *s >= 0.5 * best { Explore::Expand } else { Explore::Skip }).collect()
+        };
+        let seeds: Vec<(&str, f32)> = ranked.iter().take(k).map(|r| (r.1, r.0)).collect();
+        let kept = decide(&seeds, &mut trace);
+        let mut here: BTreeMap<&str, f32> = BTreeMap::new();
+        let mut frontier: Vec<(&str, f32)> = Vec::new();
+        for ((id, s), action) in seeds.iter().zip(kept) {
+            if action != Explore::Skip {
+                here.insert(id, *s);
+            }
+            if action == Explore::Expand {
+                frontier.push((id, *s));
+            }
+        }
+        let mut asked: std::collections::HashSet<&str> = seeds.iter().map(|s| s.0).collect();
         let mut walked = Vec::new();
         for _hop in 0..2 {
-            let mut next = Vec::new();
+            // Events one relation away, each at the best of its own score and 0.8 × where it was reached from.
+            let mut reach: BTreeMap<&str, (f32, &str, &str)> = BTreeMap::new();
             for (id, s) in &frontier {
                 for (to, kind) in related.get(id).map(Vec::as_slice).unwrap_or(&[]) {
-                    let via = 0.8 * s;
-                    let got = score(to).max(via);
-                    if got >= 0.5 * best && here.get(to).is_none_or(|old| *old < got) {
-                        here.insert(to, got);
-                        next.push((*to, got));
-                        walked.push(json!({"from": id, "to": to, "relation": kind}));
+                    let got = score(to).max(0.8 * s);
+                    if reach.get(to).is_none_or(|r| r.0 < got) {
+                        reach.insert(to, (got, id, kind));
                     }
                 }
             }
+            // Without a model an event already kept is reconsidered when reached at a better score.
+            let cands: Vec<(&str, f32)> = reach
+                .iter()
+                .filter(|(to, (got, _, _))| if by_model.get() { !asked.contains(*to) } else { here.get(*to).is_none_or(|old| old < got) })
+                .map(|(to, (got, _, _))| (*to, *got))
+                .collect();
+            asked.extend(cands.iter().map(|c| c.0));
+            let kept = decide(&cands, &mut trace);
+            let mut next = Vec::new();
+            for ((to, got), action) in cands.iter().zip(kept) {
+                if action == Explore::Skip {
+                    continue;
+                }
+                here.insert(to, *got);
+                if action == Explore::Expand {
+                    next.push((*to, *got));
+                }
+                let (_, from, kind) = reach[to];
+                walked.push(json!({"from": from, "to": to, "relation": kind, "action": action}));
+            }
             frontier = next;
         }
-        trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked,
-                          "why": "top-k events, then typed relations within half of the best score"}));
+        let why = if by_model.get() { "top-k events, then typed relations, as the model chose" } else { "top-k events, then typed relations within half of the best score" };
+        trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked, "why": why}));
         for (id, s) in here {
             let e = reached.entry(id).or_insert(f32::MIN);
             *e = e.max(s);

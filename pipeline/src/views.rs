@@ -42,7 +42,7 @@ pub struct ClusterView {
     pub summary: Option<(String, Embedding)>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct SpaceView {
     pub nodes: HashMap<String, (Node, Embedding)>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`).

@@ -1,6 +1,7 @@
 //! The event memory with `llm.backend = "openai"` against a local OpenAI-compatible test server that answers
 //! segmentation and relation requests from a script (one malformed reply included): the model's events replace the
-//! extractive ones, and a restart makes no call.
+//! extractive ones, and a restart makes no call; a live session reaches the model within its bound; the model steers
+//! Prune-and-Grow's selection and CompassMem's planner and explorers.
 
 
 use std::collections::BTreeMap;
@@ -42,6 +43,21 @@ async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value
             json!({"events": events})
         }
         "relate" => json!({"relations": (1..count).map(|i| json!({"from": i, "to": i + 1, "kind": "causal"})).collect::<Vec<_>>()}),
+        // Retrieval steps: passages that mention the demo are chosen; the plan has two subgoals.
+        "select" => {
+            let chosen: Vec<usize> = rows.as_array().into_iter().flatten().enumerate()
+                .filter(|(_, r)| r["text"].as_str().unwrap_or("").to_lowercase().contains("demo"))
+                .map(|(i, _)| i + 1)
+                .collect();
+            json!({"relevant": chosen})
+        }
+        "plan" => json!({"subgoals": ["when the customer demo is", "who presents the demo"]}),
+        // The explorer: the first event shown answers the subgoal, the rest are skipped (no walk follows).
+        "explore" => {
+            let actions: Vec<Value> =
+                (1..=count).map(|i| json!({"event": i, "action": if i == 1 { "answer" } else { "skip" }})).collect();
+            json!({"actions": actions})
+        }
         _ => json!({"summary": "a cluster summary"}),
     };
     Json(json!({"choices": [{"message": {"role": "assistant", "content": content.to_string()}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
@@ -160,4 +176,61 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
         assert!(Instant::now() < deadline, "the model never segmented the whole session: {ev}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
+    let calls: Calls = Arc::default();
+    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &["--input", &standup], &env);
+    settled(&engine).await;
+    let url = format!("{}/v1/spaces/standup/query", engine.api);
+
+    // Prune-and-Grow: the kept layer-0 passages are the ones the model selected.
+    let q = json!({"query": "When is the customer demo?", "mode": "prune-and-grow", "k": 8, "answer": false});
+    let (status, pg) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(status, 200, "{pg}");
+    let trace = pg["trace"].as_array().unwrap();
+    assert!(trace.iter().any(|t| t["step"] == "select" && t["why"] == "the model's selection"), "{pg}");
+    let evidence = pg["evidence"].as_array().unwrap();
+    assert!(!evidence.is_empty(), "{pg}");
+    assert!(evidence.iter().all(|e| e["text"].as_str().unwrap().to_lowercase().contains("demo")), "{pg}");
+
+    // Compass: the model's subgoals, and explorers that keep the one event the model says answers each.
+    let q = json!({"query": "When is the customer demo and who presents it?", "mode": "compass", "k": 5, "answer": false});
+    let (status, cp) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(status, 200, "{cp}");
+    let trace = cp["trace"].as_array().unwrap();
+    assert_eq!(trace[0]["subgoals"], json!(["when the customer demo is", "who presents the demo"]), "{cp}");
+    let explored: Vec<&Value> = trace.iter().filter(|t| t["step"] == "explore").collect();
+    assert_eq!(explored.len(), 2, "one explorer per subgoal: {cp}");
+    assert!(explored.iter().all(|t| t["why"].as_str().unwrap().contains("as the model chose")), "{cp}");
+    for t in &explored {
+        assert_eq!(t["events"], 1, "the answering event alone, and no walk from it: {t}");
+        assert_eq!(t["walked"], json!([]), "{t}");
+    }
+
+    // The same queries again: every model step is answered from the response log.
+    let before = calls.lock().unwrap().clone();
+    let (_, again) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(again["evidence"], cp["evidence"]);
+    assert_eq!(*calls.lock().unwrap(), before, "no call made twice");
+
+    // And the similarity rules on request.
+    let q = json!({"query": "When is the customer demo and who presents it?", "mode": "compass", "use_model": false, "answer": false});
+    let (_, rule) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(rule["trace"][0]["why"], "the question and its clauses (no model)", "{rule}");
+    assert_eq!(*calls.lock().unwrap(), before);
 }
