@@ -39,7 +39,9 @@ pub struct EventDraft {
     pub time: Option<String>,
 }
 
-/// The relation types of the event graph (CompassMem's logic map).
+/// The relation types of the event graph: CompassMem's logic map (causal, motivation, enablement, follow-up,
+/// temporal, contrast, part-of, parallel, elaboration) and shared participants (the extractive backend's link).
+/// Directed: `from` relates to `to` as the kind says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RelationKind {
@@ -48,15 +50,25 @@ pub enum RelationKind {
     Motivation,
     PartOf,
     SharedParticipants,
+    Enablement,
+    FollowUp,
+    Contrast,
+    Parallel,
+    Elaboration,
 }
 
 impl RelationKind {
-    pub const ALL: [RelationKind; 5] = [
+    pub const ALL: [RelationKind; 10] = [
         RelationKind::Temporal,
         RelationKind::Causal,
         RelationKind::Motivation,
         RelationKind::PartOf,
         RelationKind::SharedParticipants,
+        RelationKind::Enablement,
+        RelationKind::FollowUp,
+        RelationKind::Contrast,
+        RelationKind::Parallel,
+        RelationKind::Elaboration,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,11 +78,28 @@ impl RelationKind {
             RelationKind::Motivation => "motivation",
             RelationKind::PartOf => "part-of",
             RelationKind::SharedParticipants => "shared-participants",
+            RelationKind::Enablement => "enablement",
+            RelationKind::FollowUp => "follow-up",
+            RelationKind::Contrast => "contrast",
+            RelationKind::Parallel => "parallel",
+            RelationKind::Elaboration => "elaboration",
         }
     }
 
+    /// A kind by name; case, `_` for `-`, and the paper's `temporal_before` are accepted (`temporal_after` is
+    /// `temporal` the other way round: see [`RelationKind::parse_directed`]).
     pub fn parse(s: &str) -> Option<RelationKind> {
-        RelationKind::ALL.into_iter().find(|k| k.name() == s)
+        Self::parse_directed(s).filter(|(_, reversed)| !reversed).map(|(k, _)| k)
+    }
+
+    /// A kind by name and whether the label reverses the pair (`temporal_after`: `from` happened after `to`).
+    pub fn parse_directed(s: &str) -> Option<(RelationKind, bool)> {
+        let s = s.trim().to_lowercase().replace(['_', ' '], "-");
+        match s.as_str() {
+            "temporal-before" | "before" => Some((RelationKind::Temporal, false)),
+            "temporal-after" | "after" => Some((RelationKind::Temporal, true)),
+            _ => RelationKind::ALL.into_iter().find(|k| k.name() == s).map(|k| (k, false)),
+        }
     }
 }
 
@@ -271,6 +300,13 @@ mod tests {
         assert_eq!(seconds("2024-03-01T00:00:00Z").unwrap() - seconds("2024-02-28T00:00:00Z").unwrap(), 2 * 86_400);
         assert_eq!(seconds("yesterday"), None);
         assert_eq!(RelationKind::parse("part-of"), Some(RelationKind::PartOf));
+        assert_eq!(RelationKind::parse("Follow_Up"), Some(RelationKind::FollowUp));
+        assert_eq!(RelationKind::parse_directed("temporal_after"), Some((RelationKind::Temporal, true)));
+        assert_eq!(RelationKind::parse("temporal_after"), None, "needs the pair reversed");
+        assert_eq!(RelationKind::parse("friendship"), None);
+        for k in RelationKind::ALL {
+            assert_eq!(RelationKind::parse(k.name()), Some(k));
+        }
     }
 }
 
