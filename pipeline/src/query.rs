@@ -32,6 +32,12 @@ impl Guide for NoModel {
     }
 }
 
+/// How many distinct topics among the top events seed `compass` with their other members (CompassMem: the first p
+/// topics). `ENGRAM_COMPASS_TOPICS` overrides it, for evaluation.
+fn topic_seeds() -> usize {
+    std::env::var("ENGRAM_COMPASS_TOPICS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+}
+
 /// The most candidates shown to the model in one selection, and the most words of each.
 const SELECT_MAX: usize = 30;
 const PROMPT_WORDS: usize = 80;
@@ -379,7 +385,27 @@ pub fn compass(
             }
             cands.iter().map(|(_, s)| if *s >= 0.5 * best { Explore::Expand } else { Explore::Skip }).collect()
         };
-        let seeds: Vec<(&str, f32)> = ranked.iter().take(k).map(|r| (r.1, r.0)).collect();
+        // Seeds: the top-k events, and the other members of the first `TOPIC_SEEDS` distinct topics among them.
+        let mut seeds: Vec<(&str, f32)> = ranked.iter().take(k).map(|r| (r.1, r.0)).collect();
+        let mut topics: Vec<&str> = Vec::new();
+        for (id, _) in &seeds {
+            if let Some(t) = view.topic_of.get(*id) {
+                if !topics.contains(&t.as_str()) && topics.len() < topic_seeds() {
+                    topics.push(t);
+                }
+            }
+        }
+        if !topics.is_empty() {
+            let have: std::collections::HashSet<&str> = seeds.iter().map(|s| s.0).collect();
+            let mut more: Vec<(&str, f32)> = view
+                .topic_of
+                .iter()
+                .filter(|(e, t)| topics.contains(&t.as_str()) && !have.contains(e.as_str()))
+                .map(|(e, _)| (e.as_str(), score(e)))
+                .collect();
+            more.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            seeds.extend(more);
+        }
         let kept = decide(&seeds, &mut trace);
         let mut here: BTreeMap<&str, f32> = BTreeMap::new();
         let mut frontier: Vec<(&str, f32)> = Vec::new();
