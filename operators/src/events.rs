@@ -55,10 +55,12 @@ pub enum RelationKind {
     Contrast,
     Parallel,
     Elaboration,
+    /// Two events of different sessions that the co-reference judge found overlapping (not the same event).
+    Overlap,
 }
 
 impl RelationKind {
-    pub const ALL: [RelationKind; 10] = [
+    pub const ALL: [RelationKind; 11] = [
         RelationKind::Temporal,
         RelationKind::Causal,
         RelationKind::Motivation,
@@ -69,6 +71,7 @@ impl RelationKind {
         RelationKind::Contrast,
         RelationKind::Parallel,
         RelationKind::Elaboration,
+        RelationKind::Overlap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -83,6 +86,7 @@ impl RelationKind {
             RelationKind::Contrast => "contrast",
             RelationKind::Parallel => "parallel",
             RelationKind::Elaboration => "elaboration",
+            RelationKind::Overlap => "overlap",
         }
     }
 
@@ -582,6 +586,25 @@ pub fn quantised_cos(a: &[i16], b: &[i16]) -> f32 {
     dot as f32 / 1e8
 }
 
+/// Pairs of events of one space (`a < b` by id) whose vectors reach cosine ≥ `lo`, with the cosine in millionths:
+/// a self-join per space, so a new event is compared with the space's events once.
+pub fn similar_pairs<'s, T>(
+    vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
+    lo: f32,
+) -> differential_dataflow::VecCollection<'s, T, (String, String, String, i64)>
+where
+    T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
+{
+    let by_space = vectors.map(|(s, id, v)| (s, (id, v)));
+    by_space
+        .clone()
+        .join_map(by_space, move |s, (a, va), (b, vb)| {
+            let cos = quantised_cos(va, vb);
+            (a < b && cos >= lo).then(|| (s.clone(), a.clone(), b.clone(), (f64::from(cos) * 1e6).round() as i64))
+        })
+        .flat_map(|pair| pair)
+}
+
 /// Merging (CompassMem): events of one space whose vectors (of summary and people) reach cosine ≥ `tau` are linked;
 /// merged events are the connected components of those links, each named by its smallest event id. Links come from
 /// a self-join per space (a new event is compared with the space's events once); components from an iterative
@@ -594,13 +617,23 @@ pub fn event_merges<'s, T>(
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
+    let links = similar_pairs(vectors.clone(), tau).map(|(s, a, b, _)| (s, a, b));
+    merge_groups(vectors, links)
+}
+
+/// The connected components of `links` (`(space, a, b)`, either direction) over the events of `vectors`, each
+/// named by its smallest event id: `(space, event, group)` for every event.
+pub fn merge_groups<'s, T>(
+    vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
+    links: differential_dataflow::VecCollection<'s, T, (String, String, String)>,
+) -> differential_dataflow::VecCollection<'s, T, (String, String, String)>
+where
+    T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
+{
     use differential_dataflow::operators::iterate::Iterate;
-    let by_space = vectors.clone().map(|(s, id, v)| (s, (id, v)));
-    let links = by_space
-        .clone()
-        .join_map(by_space, move |s, (a, va), (b, vb)| (a != b && quantised_cos(va, vb) >= tau).then(|| (s.clone(), a.clone(), b.clone())))
-        .flat_map(|link| link)
-        .map(|(s, a, b)| ((s.clone(), a), (s, b)));
+    let links = links
+        .flat_map(|(s, a, b)| [((s.clone(), a.clone()), (s.clone(), b.clone())), ((s.clone(), b), (s, a))])
+        .distinct();
     let nodes = vectors.map(|(s, id, _)| ((s.clone(), id.clone()), id));
     let labels = nodes.clone().iterate(|scope, inner| {
         let nodes = nodes.enter(scope);
@@ -611,6 +644,82 @@ where
             .reduce(|_k, labels: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((labels[0].0.clone(), 1)))
     });
     labels.map(|((s, id), group)| (s, id, group))
+}
+
+/// An event as the co-reference judge sees it: summary, people, time.
+pub fn describe_event(e: &EventRow) -> String {
+    let mut d = e.summary.clone();
+    if !e.people.is_empty() {
+        d.push_str(&format!(" (people: {})", e.people.join(", ")));
+    }
+    if let Some(t) = &e.time {
+        d.push_str(&format!(" (time: {t})"));
+    }
+    d
+}
+
+/// The response-log key of a judged pair: its two events' descriptions, so an edited event is judged again.
+pub fn coref_key(a: &EventRow, b: &EventRow) -> String {
+    let (da, db) = (describe_event(a), describe_event(b));
+    format!("coref:{}", crate::summary::content_hash(&[(&a.id, &da), (&b.id, &db)]))
+}
+
+/// The co-reference judge's verdict on two events (CompassMem).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// One event told twice: merge them.
+    SameEvent,
+    /// Different events that overlap: link them (`overlap`).
+    HasOverlap,
+    Different,
+}
+
+/// The output of [`coreference`].
+pub struct Coreference<'s, T: timely::progress::Timestamp> {
+    /// Pairs with no logged verdict yet: `(space, key, [(id, description); 2])`.
+    pub requests: differential_dataflow::VecCollection<'s, T, (String, String, Vec<(String, String)>)>,
+    /// Pairs judged the same event: merge links `(space, a, b)`.
+    pub same: differential_dataflow::VecCollection<'s, T, (String, String, String)>,
+    /// Pairs judged overlapping: `overlap` relations.
+    pub overlaps: differential_dataflow::VecCollection<'s, T, (String, RelationRow)>,
+}
+
+/// The optional co-reference judge (CompassMem): `candidates` (pairs below the merge threshold but close) are put to
+/// the model, keyed by [`coref_key`]; the logged verdicts (`{"verdict"}` under that key in `logged`) join back —
+/// `same_event` merges the pair, `has_overlap` links it. Like every model answer, a verdict is an input, so the
+/// memory stays a function of the input and response logs.
+pub fn coreference<'s, T>(
+    candidates: differential_dataflow::VecCollection<'s, T, (String, String, String)>,
+    events: differential_dataflow::VecCollection<'s, T, (String, EventRow)>,
+    logged: differential_dataflow::VecCollection<'s, T, ((String, String), String)>,
+) -> Coreference<'s, T>
+where
+    T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
+{
+    let by_id = events.map(|(s, e)| ((s, e.id.clone()), e));
+    let pairs = candidates
+        .map(|(s, a, b)| ((s, a), b))
+        .join_map(by_id.clone(), |(s, _a), b, ea| ((s.clone(), b.clone()), ea.clone()))
+        .join_map(by_id, |(s, _b), ea, eb| ((s.clone(), coref_key(ea, eb)), (ea.clone(), eb.clone())));
+    let verdicts = logged.filter(|((_, key), _)| key.starts_with("coref:"));
+    let judged = pairs.clone().join_map(verdicts.clone(), |(s, _key), (ea, eb), text| {
+        let verdict = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| serde_json::from_value::<Verdict>(v["verdict"].clone()).ok())
+            .unwrap_or(Verdict::Different);
+        (s.clone(), ea.clone(), eb.clone(), verdict)
+    });
+    let same = judged.clone().filter(|j| j.3 == Verdict::SameEvent).map(|(s, a, b, _)| (s, a.id, b.id));
+    let overlaps = judged.filter(|j| j.3 == Verdict::HasOverlap).map(|(s, a, b, _)| {
+        let mut evidence = a.turns.clone();
+        evidence.extend(b.turns.iter().cloned());
+        (s, RelationRow { from: a.id, to: b.id, kind: RelationKind::Overlap, evidence })
+    });
+    let requests = pairs
+        .antijoin(verdicts.map(|(k, _)| k).distinct())
+        .map(|((s, key), (a, b))| (s, key, vec![(a.id.clone(), describe_event(&a)), (b.id.clone(), describe_event(&b))]));
+    Coreference { requests, same, overlaps }
 }
 
 /// The number of topics for `n` events (CompassMem): max(2, min(⌊n/5⌋, 50)), never more than `n`.

@@ -54,6 +54,11 @@ pub trait Llm: Send + Sync {
     fn explore(&self, _question: &str, _subgoal: &str, _events: &[&str]) -> Result<Option<Vec<Explore>>, LlmError> {
         Ok(None)
     }
+    /// CompassMem's co-reference judge: are two events (descriptions) one event, overlapping, or different? `None`
+    /// without a model.
+    fn judge(&self, _a: &str, _b: &str) -> Result<Option<crate::events::Verdict>, LlmError> {
+        Ok(None)
+    }
 }
 
 /// An Explorer's choice for one event.

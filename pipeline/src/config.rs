@@ -79,6 +79,10 @@ pub struct EventsConfig {
     /// (until then they are in the memory as extractive events).
     #[serde(with = "humantime_serde")]
     pub max_latency: Duration,
+    /// With a model: event pairs of a space at cosine ≥ `judge-threshold` but below `merge-threshold` go to the
+    /// model's co-reference judge (same_event → merged, has_overlap → an `overlap` relation).
+    pub judge: bool,
+    pub judge_threshold: f32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -253,6 +257,12 @@ impl Config {
         }
         if i.max_id_bytes == 0 {
             errs.push("ingest.max-id-bytes must be positive".into());
+        }
+        if !(self.events.judge_threshold > 0.0 && self.events.judge_threshold <= self.events.merge_threshold) {
+            errs.push(format!(
+                "events.judge-threshold = {} must be in (0, events.merge-threshold = {}]",
+                self.events.judge_threshold, self.events.merge_threshold
+            ));
         }
         if self.events.max_latency < Duration::from_millis(100) {
             errs.push(format!("events.max-latency = {:?} must be at least 100ms", self.events.max_latency));

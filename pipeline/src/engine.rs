@@ -666,7 +666,17 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
         });
         let event_vectors =
             embed_nodes(event_nodes, shared.embedder.clone()).map(|(s, n, v)| (s, n.id, operators::events::quantise(&v.0)));
-        let merges = operators::events::event_merges(event_vectors.clone(), shared.config.events.merge_threshold);
+        // Links at the merge threshold; with the judge on (and a model), the pairs just below it go to the model.
+        let ev_cfg = &shared.config.events;
+        let judging = ev_cfg.judge && shared.config.llm.backend != crate::config::LlmBackend::Extractive;
+        let tau = ev_cfg.merge_threshold;
+        let micro = |x: f32| (f64::from(x) * 1e6).round() as i64;
+        let (tau_micro, lo) = (micro(tau), if judging { ev_cfg.judge_threshold } else { tau });
+        let pairs = operators::events::similar_pairs(event_vectors.clone(), lo);
+        let links = pairs.clone().filter(move |p| p.3 >= tau_micro).map(|(s, a, b, _)| (s, a, b));
+        let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
+        let coref = operators::events::coreference(candidates, events.clone(), logged.clone());
+        let merges = operators::events::merge_groups(event_vectors.clone(), links.concat(coref.same));
         let topics = operators::events::event_topics(event_vectors);
         let sm = summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
         let embedder = shared.embedder.clone();
@@ -681,6 +691,8 @@ pub fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
             .concat(em.requests.map(|(s, tag, key, turns)| ViewUpdate::Request(s, SESSION_LAYER, tag, key, turns)))
             .concat(events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
+            .concat(coref.overlaps.map(|(s, r)| ViewUpdate::Relation(s, r)))
+            .concat(coref.requests.map(|(s, key, pair)| ViewUpdate::Request(s, JUDGE_LAYER, String::new(), key, pair)))
             .concat(merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
             .concat(topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)))
             .concat(positions.map(|(s, o)| ViewUpdate::Position(s, o)));
@@ -781,6 +793,8 @@ impl crate::query::Guide for ModelGuide<'_> {
 
 /// The layer a session's segmentation request is filed under in the LLM work list (clusters use 1…max-layers).
 pub const SESSION_LAYER: u32 = u32::MAX;
+/// The layer of a co-reference judge request (a pair of events).
+pub const JUDGE_LAYER: u32 = u32::MAX - 1;
 
 /// The body of every worker: the first worker of each process drives that process's epochs until shutdown; the
 /// others follow.
@@ -893,6 +907,14 @@ fn segment_session(llm: &dyn Llm, tag: &str, key: &str, turns: &[&str]) -> Resul
     serde_json::to_string(&answer).map_err(|e| LlmError::BadReply(e.to_string()))
 }
 
+/// A pair of events put to the co-reference judge; the logged answer is `{"verdict"}`.
+fn judge_pair(llm: &dyn Llm, pair: &[&str]) -> Result<String, operators::summary::LlmError> {
+    use operators::summary::LlmError;
+    let [a, b] = pair else { return Err(LlmError::BadReply(format!("a judge request holds {} events, not 2", pair.len()))) };
+    let verdict = llm.judge(a, b)?.ok_or_else(|| LlmError::Service("no model to judge with".into()))?;
+    Ok(serde_json::json!({"verdict": verdict}).to_string())
+}
+
 /// The summariser: takes the clusters the views list as waiting for a summary, once each has waited
 /// `hierarchy.summary-debounce` (a cluster still changing gets a new content hash, and so a new wait), asks the
 /// LLM on up to `llm.max-in-flight` threads, appends each response to the response log (fsync'd) and queues it as an
@@ -916,6 +938,8 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                 let t = Instant::now();
                 let out = if key.1.starts_with("seg:") {
                     segment_session(shared.llm.as_ref(), &tag, &key.1, &refs)
+                } else if key.1.starts_with("coref:") {
+                    judge_pair(shared.llm.as_ref(), &refs)
                 } else {
                     shared.llm.summarize(&refs)
                 };

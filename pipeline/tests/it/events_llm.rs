@@ -52,6 +52,19 @@ async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value
             json!({"relevant": chosen})
         }
         "plan" => json!({"subgoals": ["when the customer demo is", "who presents the demo"]}),
+        // The co-reference judge: events 1 and 4 (of either session) are one event, events 2 and 3 overlap.
+        "judge" => {
+            let (a, b) = user.split_once("\nEvent 2: ").unwrap_or((user, ""));
+            let pair = |x: &str, y: &str| (a.contains(x) && b.contains(y)) || (a.contains(y) && b.contains(x));
+            let verdict = if pair("LLM event 1 ", "LLM event 4 ") {
+                "same_event"
+            } else if pair("LLM event 2 ", "LLM event 3 ") {
+                "has_overlap"
+            } else {
+                "different"
+            };
+            json!({"verdict": verdict})
+        }
         // The explorer: the first event shown answers the subgoal, the rest are skipped (no walk follows).
         "explore" => {
             let actions: Vec<Value> =
@@ -233,4 +246,64 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
     let (_, rule) = crate::common::post(&url, q.to_string()).await;
     assert_eq!(rule["trace"][0]["why"], "the question and its clauses (no model)", "{rule}");
     assert_eq!(*calls.lock().unwrap(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
+    let calls: Calls = Arc::default();
+    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base.as_str()),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+        // Every pair of the 14 events is a candidate: lift the token budget so that 91 calls take no time.
+        ("ENGRAM__LLM__TOKENS_PER_MINUTE", "100000000"),
+        ("ENGRAM__EVENTS__JUDGE", "true"),
+        ("ENGRAM__EVENTS__JUDGE_THRESHOLD", "0.01"),
+        // Only near-identical events merge by similarity: the merges below are the judge's.
+        ("ENGRAM__EVENTS__MERGE_THRESHOLD", "0.99"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(dir.path(), &["--input", &standup], &env);
+    settled(&engine).await;
+    // Settled again once no judge request waits.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ev = loop {
+        let (_, pending) = get(&format!("{}/v1/spaces/standup/summaries/pending", engine.api)).await;
+        let (_, ev) = get(&format!("{}/v1/spaces/standup/events", engine.api)).await;
+        if pending["pending"].as_array().unwrap().is_empty() && ev["relations"].as_array().unwrap().iter().any(|r| r["kind"] == "overlap") {
+            break ev;
+        }
+        assert!(Instant::now() < deadline, "the judge's verdicts never arrived: {pending}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let events = ev["events"].as_array().unwrap();
+    let named = |p: &str| -> Vec<&Value> { events.iter().filter(|e| e["summary"] == p).collect() };
+    // Events 1 and 4 of both sessions: judged one event, pair by pair, so one merge group.
+    let one_and_four: Vec<&Value> = named("LLM event 1").into_iter().chain(named("LLM event 4")).collect();
+    assert_eq!(one_and_four.len(), 4, "{ev}");
+    assert!(one_and_four.iter().all(|e| e["group"] == one_and_four[0]["group"]), "merged by the judge: {ev}");
+    assert!(named("LLM event 5").iter().all(|e| e["group"] != one_and_four[0]["group"]));
+    // Events 2 and 3: linked by `overlap` relations, and nothing else is.
+    let two_three: Vec<&Value> = named("LLM event 2").into_iter().chain(named("LLM event 3")).map(|e| &e["id"]).collect();
+    let overlap: Vec<&Value> = ev["relations"].as_array().unwrap().iter().filter(|r| r["kind"] == "overlap").collect();
+    assert_eq!(overlap.len(), 4, "two 2s × two 3s: {overlap:?}");
+    assert!(overlap.iter().all(|r| two_three.contains(&&r["from"]) && two_three.contains(&&r["to"])), "{overlap:?}");
+    let judged = calls.lock().unwrap().get("judge").copied().unwrap_or(0);
+    assert!(judged >= 2, "{judged} judge calls");
+    assert_eq!(engine.terminate(), Some(0));
+
+    // A restart replays every verdict: no pair is judged twice.
+    let engine = Engine::start(dir.path(), &["--input", &standup], &env);
+    settled(&engine).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, again) = get(&format!("{}/v1/spaces/standup/events", engine.api)).await;
+    assert_eq!(again["relations"], ev["relations"]);
+    assert_eq!(calls.lock().unwrap().get("judge").copied().unwrap_or(0), judged, "no pair judged twice");
 }
