@@ -215,6 +215,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     }
     let build_seconds = started.elapsed().as_secs_f64();
     eprintln!("ingested {} turns in {build_seconds:.1}s; {} questions", records.len(), questions.len());
+    let groupings = compare_groupings(&shared, &questions);
     let modes: Vec<Mode> = if args.modes.is_empty() {
         vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]
     } else {
@@ -341,10 +342,94 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(out) = args.out {
-        std::fs::write(&out, serde_json::to_string_pretty(&json!({"dataset": dataset, "build_seconds": build_seconds, "results": results}))?)?;
+        std::fs::write(
+            &out,
+            serde_json::to_string_pretty(&json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings}))?,
+        )?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The two ways the memory groups turns, compared on the questions' evidence: CompassMem's topics (k-means over
+/// events; a turn belongs to its event's topic) and CAM's layer-1 clusters (overlapping; a turn belongs to every
+/// cluster that holds it). For each: how many groups and turns per group, the share of pairs of a question's gold
+/// turns that share a group, and the same share over all pairs of turns of the space (what chance gives); their
+/// ratio is the lift. Printed as a table and returned for the JSON output.
+fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
+    use std::collections::{HashMap, HashSet};
+    let views = shared.views.read().expect("views");
+    let mut out = Vec::new();
+    for (name, by_topic) in [("topics (k-means over events)", true), ("CAM layer-1 clusters", false)] {
+        // space → turn id (without the conversation prefix) → its groups.
+        let mut member: HashMap<&str, HashMap<String, HashSet<String>>> = HashMap::new();
+        let (mut groups, mut memberships) = (0usize, 0usize);
+        for (space, v) in &views.spaces {
+            let m = member.entry(space.as_str()).or_default();
+            for id in v.nodes.keys() {
+                let gs: HashSet<String> = if by_topic {
+                    v.event_of.get(id).and_then(|e| v.topic_of.get(e)).cloned().into_iter().collect()
+                } else {
+                    v.parents.get(id).into_iter().flatten().filter(|c| v.clusters.get(*c).is_some_and(|c| c.layer == 1)).cloned().collect()
+                };
+                memberships += gs.len();
+                let turn = id.split_once('#').map_or(id.as_str(), |(_, t)| t).to_string();
+                m.insert(turn, gs);
+            }
+            groups += if by_topic {
+                v.topic_of.values().collect::<HashSet<_>>().len()
+            } else {
+                v.clusters.values().filter(|c| c.layer == 1).count()
+            };
+        }
+        let shares = |m: &HashMap<String, HashSet<String>>, a: &str, b: &str| {
+            m.get(a).zip(m.get(b)).is_some_and(|(x, y)| !x.is_disjoint(y))
+        };
+        let (mut gold_pairs, mut gold_shared) = (0usize, 0usize);
+        for q in questions.iter().filter(|q| q.gold.len() >= 2) {
+            let Some(m) = member.get(q.space.as_str()) else { continue };
+            let gold: Vec<&String> = q.gold.iter().collect();
+            for i in 0..gold.len() {
+                for j in i + 1..gold.len() {
+                    gold_pairs += 1;
+                    gold_shared += usize::from(shares(m, gold[i], gold[j]));
+                }
+            }
+        }
+        let (mut all_pairs, mut all_shared) = (0usize, 0usize);
+        for m in member.values() {
+            let ids: Vec<&String> = m.keys().collect();
+            for i in 0..ids.len() {
+                for j in i + 1..ids.len() {
+                    all_pairs += 1;
+                    all_shared += usize::from(shares(m, ids[i], ids[j]));
+                }
+            }
+        }
+        let rate = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let (gold_rate, chance) = (rate(gold_shared, gold_pairs), rate(all_shared, all_pairs));
+        out.push(json!({
+            "grouping": name, "groups": groups, "turns_per_group": rate(memberships, groups),
+            "evidence_pairs": gold_pairs, "evidence_pairs_together": gold_rate, "any_pair_together": chance,
+            "lift": if chance > 0.0 { gold_rate / chance } else { 0.0 },
+        }));
+    }
+    println!("| grouping | groups | turns per group | evidence pairs together | any pair together | lift |");
+    println!("|---|---|---|---|---|---|");
+    for g in &out {
+        println!(
+            "| {} | {} | {:.1} | {:.3} ({} pairs) | {:.3} | {:.1}× |",
+            g["grouping"].as_str().unwrap_or(""),
+            g["groups"],
+            g["turns_per_group"].as_f64().unwrap_or(0.0),
+            g["evidence_pairs_together"].as_f64().unwrap_or(0.0),
+            g["evidence_pairs"],
+            g["any_pair_together"].as_f64().unwrap_or(0.0),
+            g["lift"].as_f64().unwrap_or(0.0),
+        );
+    }
+    println!();
+    Value::Array(out)
 }
 
 /// Sums of answer scores over questions.
