@@ -96,18 +96,9 @@ async fn settled(engine: &Engine) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
     let calls: Calls = Arc::default();
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
-    let env = [
-        ("ENGRAM__LLM__BACKEND", "openai"),
-        ("ENGRAM__LLM__BASE_URL", base.as_str()),
-        ("ENGRAM__LLM__MODEL", "test-model"),
-        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
-        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
-    ];
+    let env = crate::common::llm_env(&base);
     let dir = tempfile::tempdir().unwrap();
     let mut engine = Engine::start(dir.path(), &["--input", &standup], &env);
     let ev = settled(&engine).await;
@@ -139,10 +130,7 @@ fn covered(events: &[Value]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_its_bound() {
     let calls: Calls = Arc::default();
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     let env = [
         ("ENGRAM__LLM__BACKEND", "openai"),
         ("ENGRAM__LLM__BASE_URL", base.as_str()),
@@ -194,18 +182,9 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
     let calls: Calls = Arc::default();
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
-    let env = [
-        ("ENGRAM__LLM__BACKEND", "openai"),
-        ("ENGRAM__LLM__BASE_URL", base.as_str()),
-        ("ENGRAM__LLM__MODEL", "test-model"),
-        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
-        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
-    ];
+    let env = crate::common::llm_env(&base);
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path(), &["--input", &standup], &env);
     settled(&engine).await;
@@ -251,24 +230,17 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
     let calls: Calls = Arc::default();
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
-    let env = [
-        ("ENGRAM__LLM__BACKEND", "openai"),
-        ("ENGRAM__LLM__BASE_URL", base.as_str()),
-        ("ENGRAM__LLM__MODEL", "test-model"),
-        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
-        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    let mut env = crate::common::llm_env(&base);
+    env.extend([
         // Every pair of the 14 events is a candidate: lift the token budget so that 91 calls take no time.
         ("ENGRAM__LLM__TOKENS_PER_MINUTE", "100000000"),
         ("ENGRAM__EVENTS__JUDGE", "true"),
         ("ENGRAM__EVENTS__JUDGE_THRESHOLD", "0.01"),
         // Only near-identical events merge by similarity: the merges below are the judge's.
         ("ENGRAM__EVENTS__MERGE_THRESHOLD", "0.99"),
-    ];
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let mut engine = Engine::start(dir.path(), &["--input", &standup], &env);
     settled(&engine).await;

@@ -217,10 +217,7 @@ async fn settled(engine: &Engine, nodes: u64) -> Value {
 async fn kill_9_mid_stream_gives_the_uninterrupted_memory_and_repeats_no_llm_call() {
     let Some(b) = brokers() else { return };
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let app = Router::new().route("/v1/chat/completions", route_post(chat)).with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", route_post(chat)).with_state(seen.clone())).await;
 
     let news = std::fs::read_to_string(format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let lines: Vec<(i32, &str, String)> = news.lines().map(|l| (0, "news", l.to_string())).collect();

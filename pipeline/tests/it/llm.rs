@@ -46,20 +46,11 @@ async fn settled(engine: &Engine) -> Value {
 #[tokio::test]
 async fn summaries_from_an_openai_compatible_server_and_no_call_on_restart() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
 
     let dir = tempfile::tempdir().unwrap();
     let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
-    let env = [
-        ("ENGRAM__LLM__BACKEND", "openai"),
-        ("ENGRAM__LLM__BASE_URL", base.as_str()),
-        ("ENGRAM__LLM__MODEL", "test-model"),
-        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
-        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
-    ];
+    let env = crate::common::llm_env(&base);
     let mut engine = Engine::start(dir.path(), &["--input", &news], &env);
     let space = settled(&engine).await;
     let clusters = space["clusters"].as_u64().unwrap() as usize;
@@ -101,19 +92,10 @@ async fn responder(State(asked): State<Arc<std::sync::Mutex<Vec<String>>>>, Json
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_come_from_the_model_once_and_a_bad_reply_leaves_the_evidence() {
     let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let app = Router::new().route("/v1/chat/completions", post(responder)).with_state(asked.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(responder)).with_state(asked.clone())).await;
     let dir = tempfile::tempdir().unwrap();
     let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
-    let env = [
-        ("ENGRAM__LLM__BACKEND", "openai"),
-        ("ENGRAM__LLM__BASE_URL", base.as_str()),
-        ("ENGRAM__LLM__MODEL", "test-model"),
-        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
-        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
-    ];
+    let env = crate::common::llm_env(&base);
     let mut engine = Engine::start(dir.path(), &["--input", &news], &env);
     settled(&engine).await;
     let url = format!("{}/v1/spaces/news/query", engine.api);

@@ -106,3 +106,23 @@ pub async fn get(url: &str) -> (u16, serde_json::Value) {
 pub fn chunk(doc: &str, seq: usize, text: &str) -> String {
     serde_json::json!({"kind": "chunk", "doc": doc, "seq": seq, "text": text}).to_string()
 }
+
+/// Serves `app` (an OpenAI-compatible test server) on a free loopback port; returns its `/v1` base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    base
+}
+
+/// The environment of an engine whose LLM is the test server at `base`: `test-model`, no rate limit to speak of, a
+/// 50 ms summary debounce.
+pub fn llm_env(base: &str) -> Vec<(&'static str, &str)> {
+    vec![
+        ("ENGRAM__LLM__BACKEND", "openai"),
+        ("ENGRAM__LLM__BASE_URL", base),
+        ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
+        ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
+    ]
+}
