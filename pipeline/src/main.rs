@@ -197,6 +197,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     let mut sources = Vec::new();
+    if !serving && !args.inputs.is_empty() {
+        tracing::warn!(process = place.process, "--input is read by process 0 only; this process reads its share of the Kafka partitions");
+    }
     if serving {
         for path in &args.inputs {
             let (src, kind): (Box<dyn connectors::Source>, &'static str) = if path.as_os_str() == "-" {
