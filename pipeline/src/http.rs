@@ -315,6 +315,16 @@ async fn node(
             "relations": rels, "as_of": views.as_of,
         })));
     }
+    let members: Vec<&String> = view.topic_of.iter().filter(|(_, t)| **t == id).map(|(e, _)| e).collect();
+    if !members.is_empty() {
+        // A topic (CompassMem): its member events, and as text the summaries of the first few.
+        let mut members = members;
+        members.sort();
+        let text: Vec<&str> = members.iter().filter_map(|e| view.events.get(*e)).take(3).map(|e| e.summary.as_str()).collect();
+        return Ok(Json(json!({
+            "id": id, "layer": 0, "kind": "topic", "text": text.join(" / "), "children": members, "as_of": views.as_of,
+        })));
+    }
     let c = view
         .clusters
         .get(&id)

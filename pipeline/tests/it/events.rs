@@ -53,6 +53,14 @@ async fn standup_events_relations_live_turns_and_retraction() {
     assert_eq!(status, 200, "{node}");
     assert_eq!(node["kind"], "event");
     assert!(node["relations"].as_array().unwrap().len() >= 2, "{node}");
+    // A topic as a node: its member events.
+    let topic = events[1]["topic"].as_str().unwrap();
+    let (status, t) = get(&format!("{}/v1/spaces/standup/nodes/{topic}", engine.api)).await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["kind"], "topic");
+    let children = t["children"].as_array().unwrap();
+    assert!(children.iter().any(|c| c == id), "{t}");
+    assert_eq!(children.len(), events.iter().filter(|e| e["topic"] == topic).count());
 
     // Compass: planner, explorers over the events and their relations, turns of the explored events as evidence.
     let q = json!({"query": "What went wrong with the migration and who is fixing it?", "mode": "compass", "k": 3, "budget_words": 200});
