@@ -309,10 +309,20 @@ async fn node(
             .filter(|r| r.from == id || r.to == id)
             .map(|r| json!({"from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}))
             .collect();
+        // A merged event keeps every member's summary, turns, people and time.
+        let group = view.groups.get(&id).unwrap_or(&id);
+        let merged: Vec<_> = view
+            .groups
+            .iter()
+            .filter(|(other, g)| *g == group && **other != id)
+            .filter_map(|(other, _)| view.events.get(other))
+            .map(|o| json!({"id": o.id, "summary": o.summary, "conversation": o.conversation, "session": o.session,
+                            "turns": o.turns, "people": o.people, "time": o.time}))
+            .collect();
         return Ok(Json(json!({
             "id": e.id, "layer": 0, "kind": "event", "text": e.summary,
             "source": {"conversation": e.conversation, "session": e.session, "turns": e.turns, "people": e.people, "time": e.time},
-            "relations": rels, "as_of": views.as_of,
+            "relations": rels, "group": group, "merged": merged, "topic": view.topic_of.get(&id), "as_of": views.as_of,
         })));
     }
     let members: Vec<&String> = view.topic_of.iter().filter(|(_, t)| **t == id).map(|(e, _)| e).collect();

@@ -262,6 +262,12 @@ async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
     assert_eq!(one_and_four.len(), 4, "{ev}");
     assert!(one_and_four.iter().all(|e| e["group"] == one_and_four[0]["group"]), "merged by the judge: {ev}");
     assert!(named("LLM event 5").iter().all(|e| e["group"] != one_and_four[0]["group"]));
+    // As a node, a merged event carries the other members of its group, their turns included.
+    let id = one_and_four[0]["id"].as_str().unwrap();
+    let (_, node) = get(&format!("{}/v1/spaces/standup/nodes/{id}", engine.api)).await;
+    let merged = node["merged"].as_array().unwrap();
+    assert_eq!(merged.len(), 3, "{node}");
+    assert!(merged.iter().all(|m| !m["turns"].as_array().unwrap().is_empty() && m["id"] != id), "{node}");
     // Events 2 and 3: linked by `overlap` relations, and nothing else is.
     let two_three: Vec<&Value> = named("LLM event 2").into_iter().chain(named("LLM event 3")).map(|e| &e["id"]).collect();
     let overlap: Vec<&Value> = ev["relations"].as_array().unwrap().iter().filter(|r| r["kind"] == "overlap").collect();
