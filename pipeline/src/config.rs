@@ -381,6 +381,17 @@ mod tests {
     }
 
     #[test]
+    fn event_settings_are_checked() {
+        let c = load(None, &[("ENGRAM__EVENTS__MAX_LATENCY", "2s"), ("ENGRAM__EVENTS__JUDGE", "true")]).unwrap();
+        assert_eq!(c.events.max_latency, Duration::from_secs(2));
+        assert!(c.events.judge);
+        let e = load(Some("[events]\nmax-latency = \"10ms\"\njudge-threshold = 0.95\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("events.max-latency") && e.contains("events.judge-threshold"), "{e}");
+        let e = load(None, &[("ENGRAM__EVENTS__JUDGE", "maybe")]).unwrap_err().to_string();
+        assert!(e.contains("judge"), "{e}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let e = load(Some("[similarity]\nthetta = 0.5\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("thetta"), "{e}");

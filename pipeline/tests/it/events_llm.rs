@@ -51,6 +51,8 @@ async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value
                 .collect();
             json!({"relevant": chosen})
         }
+        // A question with "poison" in it gets a plan that is not the JSON asked for.
+        "plan" if user.contains("poison") => json!({"steps": "none"}),
         "plan" => json!({"subgoals": ["when the customer demo is", "who presents the demo"]}),
         // The co-reference judge: events 1 and 4 (of either session) are one event, events 2 and 3 overlap.
         "judge" => {
@@ -219,6 +221,16 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
     let (_, again) = crate::common::post(&url, q.to_string()).await;
     assert_eq!(again["evidence"], cp["evidence"]);
     assert_eq!(*calls.lock().unwrap(), before, "no call made twice");
+
+    // A plan that is not the JSON asked for (after the repair round): traced, and the rule plans instead.
+    let q = json!({"query": "poison: when is the customer demo?", "mode": "compass", "answer": false});
+    let (status, bad) = crate::common::post(&url, q.to_string()).await;
+    assert_eq!(status, 200, "{bad}");
+    let trace = bad["trace"].as_array().unwrap();
+    assert!(trace.iter().any(|t| t["step"] == "model-error" && t["stage"] == "plan"), "{bad}");
+    assert!(trace.iter().any(|t| t["step"] == "plan" && t["why"] == "the question and its clauses (no model)"), "{bad}");
+    assert!(!bad["evidence"].as_array().unwrap().is_empty());
+    let before = calls.lock().unwrap().clone();
 
     // And the similarity rules on request.
     let q = json!({"query": "When is the customer demo and who presents it?", "mode": "compass", "use_model": false, "answer": false});
