@@ -35,7 +35,8 @@ impl Guide for NoModel {
 /// How many distinct topics among the top events seed `compass` with their other members (CompassMem: the first p
 /// topics). `ENGRAM_COMPASS_TOPICS` overrides it, for evaluation.
 fn topic_seeds() -> usize {
-    std::env::var("ENGRAM_COMPASS_TOPICS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+    static SEEDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SEEDS.get_or_init(|| std::env::var("ENGRAM_COMPASS_TOPICS").ok().and_then(|v| v.parse().ok()).unwrap_or(2))
 }
 
 /// The most candidates shown to the model in one selection, and the most words of each.

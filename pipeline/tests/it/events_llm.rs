@@ -97,9 +97,7 @@ async fn settled(engine: &Engine) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
-    let calls: Calls = Arc::default();
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
-    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let (calls, base, standup) = scripted().await;
     let env = crate::common::llm_env(&base);
     let dir = tempfile::tempdir().unwrap();
     let mut engine = Engine::start(dir.path(), &["--input", &standup], &env);
@@ -122,6 +120,13 @@ async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
     assert_eq!(settled(&engine).await["events"], ev["events"]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(*calls.lock().unwrap(), made, "a restart makes no call");
+}
+
+/// The scripted server (its call counts and base URL) and the stand-up example's path.
+async fn scripted() -> (Calls, String, String) {
+    let calls: Calls = Arc::default();
+    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
+    (calls, base, format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR")))
 }
 
 /// The turns of a session's events, in event order.
@@ -183,9 +188,7 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
-    let calls: Calls = Arc::default();
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
-    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let (calls, base, standup) = scripted().await;
     let env = crate::common::llm_env(&base);
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path(), &["--input", &standup], &env);
@@ -241,9 +244,7 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
-    let calls: Calls = Arc::default();
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
-    let standup = format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let (calls, base, standup) = scripted().await;
     let mut env = crate::common::llm_env(&base);
     env.extend([
         // Every pair of the 14 events is a candidate: lift the token budget so that 91 calls take no time.

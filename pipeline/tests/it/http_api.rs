@@ -124,6 +124,8 @@ async fn bad_bodies_get_clear_errors_and_dead_letters() {
         ("{\"query\":\"x\",\"mode\":\"magic\"}", 400, "bad_request"),
         ("{\"query\":\"x\",\"k\":0}", 400, "bad_request"),
         ("{\"query\":\"x\",\"colour\":1}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"answer\":\"yes\"}", 400, "bad_request"),
+        ("{\"query\":\"x\",\"use_model\":3}", 400, "bad_request"),
     ] {
         let (s, e) = post(&qurl, body).await;
         assert_eq!((s, e["error"]["code"].as_str().unwrap()), (status, code), "{body} → {e}");
