@@ -149,6 +149,9 @@ pub struct SimilarityIndex {
     topk: HashMap<Arc<str>, Vec<Scored>>,
     /// x → the nodes whose top-k lists hold x.
     holders: HashMap<Arc<str>, HashSet<Arc<str>>>,
+    /// (what it takes to enter a node's list — its k-th score in millionths, 0 while the list is short —, node),
+    /// easiest first: the reverse lookup of an insert scans the easiest nodes and asks the index only for the rest.
+    bars: BTreeSet<(u32, Arc<str>)>,
 }
 
 /// An edge change within one space: `(u, v, weight_micro, diff)`.
@@ -166,7 +169,26 @@ impl SimilarityIndex {
             by_doc: HashMap::new(),
             topk: HashMap::new(),
             holders: HashMap::new(),
+            bars: BTreeSet::new(),
         }
+    }
+
+    /// What a newcomer must score to enter `list`: 0 while it is short, else its k-th score.
+    fn bar(&self, list: &[Scored]) -> u32 {
+        if list.len() < self.params.k {
+            0
+        } else {
+            micro(list[self.params.k - 1].score)
+        }
+    }
+
+    /// Changes the list of `id` (creating it if need be), keeping `bars` in step.
+    fn relist(&mut self, id: &Arc<str>, change: impl FnOnce(&mut Vec<Scored>)) {
+        let mut list = self.topk.remove(id).unwrap_or_default();
+        self.bars.remove(&(self.bar(&list), id.clone()));
+        change(&mut list);
+        self.bars.insert((self.bar(&list), id.clone()));
+        self.topk.insert(id.clone(), list);
     }
 
     fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, UnitCosine> {
@@ -278,12 +300,14 @@ impl SimilarityIndex {
         }
         for y in self.holders.remove(&id).unwrap_or_default() {
             self.touch(&y, &id, before);
-            if let Some(list) = self.topk.get_mut(&y) {
-                list.retain(|s| s.id != id);
+            if self.topk.contains_key(&y) {
+                self.relist(&y, |list| list.retain(|s| s.id != id));
             }
             dirty.insert(y);
         }
-        self.topk.remove(&id);
+        if let Some(list) = self.topk.remove(&id) {
+            self.bars.remove(&(self.bar(&list), id.clone()));
+        }
         let entry = self.entries.remove(&id).expect("entry checked above");
         if let Some(slot) = entry.slot {
             self.slots[slot] = None;
@@ -308,7 +332,7 @@ impl SimilarityIndex {
         self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
         self.entries.insert(id.clone(), Entry { node, emb, slot });
 
-        let cands = self.candidates(&id);
+        let cands = self.candidates(&id, true);
         let k = self.params.k;
         // The new node's own list.
         let mine: Vec<Scored> = cands.iter().take(k).cloned().collect();
@@ -316,7 +340,7 @@ impl SimilarityIndex {
             self.touch(&id, &s.id, before);
             self.holders.entry(s.id.clone()).or_default().insert(id.clone());
         }
-        self.topk.insert(id.clone(), mine);
+        self.relist(&id, |list| *list = mine);
         // Enter the lists of the nodes it beats.
         for c in cands {
             let me = Scored { score: c.score, id: id.clone() };
@@ -334,18 +358,19 @@ impl SimilarityIndex {
                     h.remove(&c.id);
                 }
             }
-            let list = self.topk.entry(c.id.clone()).or_default();
-            if evicted.is_some() {
-                list.pop();
-            }
-            let at = list.iter().position(|s| better(&me, s)).unwrap_or(list.len());
-            list.insert(at, me);
+            self.relist(&c.id, |list| {
+                if evicted.is_some() {
+                    list.pop();
+                }
+                let at = list.iter().position(|s| better(&me, s)).unwrap_or(list.len());
+                list.insert(at, me);
+            });
             self.holders.entry(id.clone()).or_default().insert(c.id.clone());
         }
     }
 
     fn recompute(&mut self, id: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
-        let fresh: Vec<Scored> = self.candidates(id).into_iter().take(self.params.k).collect();
+        let fresh: Vec<Scored> = self.candidates(id, false).into_iter().take(self.params.k).collect();
         let old = self.topk.get(id).cloned().unwrap_or_default();
         for s in old.iter().filter(|s| !fresh.iter().any(|f| f.id == s.id)) {
             self.touch(id, &s.id, before);
@@ -357,11 +382,18 @@ impl SimilarityIndex {
             self.touch(id, &s.id, before);
             self.holders.entry(s.id.clone()).or_default().insert(id.clone());
         }
-        self.topk.insert(id.clone(), fresh);
+        self.relist(id, |list| *list = fresh);
     }
 
-    /// Every live node other than `id` with `S ≥ θ`, best first.
-    fn candidates(&self, id: &Arc<str>) -> Vec<Scored> {
+    /// Live nodes other than `id` with `S ≥ θ`, best first: at least the `k` best (its own list) and, with
+    /// `reverse`, every node whose list `id` can enter.
+    ///
+    /// A node `c` of another document takes `id` only if `α·cos ≥ bar(c)`. So the reverse lookup scans the nodes with
+    /// the lowest bars one by one (short lists, weak neighbourhoods) and asks the index only for `cos ≥ τ/α`, where
+    /// `τ` is the lowest bar not scanned. With a fixed θ every node within θ would be a candidate — a set that grows
+    /// with the space, which made ingest into one large space quadratic; the bar of a full list rises as the space
+    /// fills, and this lookup stays exact.
+    fn candidates(&self, id: &Arc<str>, reverse: bool) -> Vec<Scored> {
         let me = &self.entries[id];
         let mut seen: HashSet<Arc<str>> = HashSet::new();
         let mut out = Vec::new();
@@ -389,7 +421,21 @@ impl SimilarityIndex {
                     consider(other, &mut out);
                 }
             } else {
-                for other in self.range_search(&me.emb, min_cos) {
+                // Without `reverse` only the nearest matter: a bound above every cosine stops the range search
+                // after its first round, which returns more than `k` nearest.
+                let mut bound = 2.0;
+                if reverse {
+                    let scan = self.params.exhaustive_below.max(live / 128);
+                    let mut bars = self.bars.iter().filter(|(_, n)| n != id);
+                    for (_, other) in bars.by_ref().take(scan) {
+                        consider(other, &mut out);
+                    }
+                    if let Some((tau, _)) = bars.next() {
+                        let tau = (*tau as f32 / 1e6 - 1e-6).max(self.params.theta);
+                        bound = (tau / self.params.alpha - 1e-4).max(min_cos);
+                    }
+                }
+                for other in self.range_search(&me.emb, bound) {
                     consider(&other, &mut out);
                 }
             }
@@ -415,7 +461,9 @@ impl SimilarityIndex {
             // index: only the worst hit falling out of range, or asking for every point, ends the search.
             let exhausted = want >= self.slots.len() || (self.tombstones == 0 && hits.len() < want);
             let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
-            if exhausted || out_of_range {
+            // Enough for a top-k list (the node itself may be among the hits).
+            let enough = hits.len() > self.params.k;
+            if exhausted || (out_of_range && enough) {
                 return hits.into_iter().filter_map(|h| self.slots[h.d_id].clone()).collect();
             }
             want *= 4;
@@ -482,8 +530,11 @@ pub fn to_edges(space: &str, deltas: Vec<EdgeDelta>) -> impl Iterator<Item = (Ed
 impl SimilarityIndex {
     /// Checks every top-k list against a brute-force recomputation (tests and debugging).
     pub fn check_lists(&self) -> Result<(), String> {
+        if self.bars.len() != self.entries.len() {
+            return Err(format!("{} bars for {} nodes", self.bars.len(), self.entries.len()));
+        }
         for id in self.entries.keys() {
-            let want: Vec<Scored> = self.candidates(id).into_iter().take(self.params.k).collect();
+            let want: Vec<Scored> = self.candidates(id, false).into_iter().take(self.params.k).collect();
             let got = self.topk.get(id).cloned().unwrap_or_default();
             if want != got {
                 return Err(format!("list of {id}: got {got:?}, want {want:?}"));
@@ -492,6 +543,9 @@ impl SimilarityIndex {
                 if !self.holders.get(&s.id).is_some_and(|h| h.contains(id)) {
                     return Err(format!("holders of {} miss {id}", s.id));
                 }
+            }
+            if !self.bars.contains(&(self.bar(&got), id.clone())) {
+                return Err(format!("bar of {id} out of step"));
             }
         }
         Ok(())

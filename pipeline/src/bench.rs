@@ -59,6 +59,17 @@ pub struct BenchArgs {
     /// hierarchy: batch sizes (chunks) to insert.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,500")]
     batches: Vec<usize>,
+    /// hierarchy: after the batches, stream this many chunks into the memory, `--stream-batch` per epoch, with the
+    /// summariser's debounce (steady state); 0 skips it.
+    #[arg(long, default_value_t = 2000)]
+    stream: usize,
+    /// hierarchy: chunks per epoch of the stream (100 ms epochs: 10 = 100 chunks/s).
+    #[arg(long, default_value_t = 10)]
+    stream_batch: usize,
+    /// hierarchy: epochs a cluster must stay unchanged before it is summarised in the stream (the engine's
+    /// `summary-debounce` over its `epoch-interval`: 1 s / 100 ms = 10).
+    #[arg(long, default_value_t = 10)]
+    debounce_epochs: u64,
     /// embed: a local model directory (config.json, model.safetensors, tokenizer.json) to measure too.
     #[arg(long)]
     model_dir: Option<PathBuf>,
@@ -478,13 +489,14 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     let words = config.hierarchy.summary_words;
     let workers = args.workers.first().copied().unwrap_or(1);
     let json = args.json;
+    let (stream, stream_batch, debounce) = (args.stream, args.stream_batch.max(1), args.debounce_epochs);
     let (tx, rx) = mpsc::channel::<serde_json::Value>();
     let tx = Mutex::new(tx);
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let tx = tx.lock().expect("tx").clone();
         for &size in &sizes {
             let probe = ProbeHandle::new();
-            let (req_tx, req_rx) = mpsc::channel::<((String, String), Vec<(String, String)>, isize)>();
+            let (req_tx, req_rx) = mpsc::channel::<((String, String), u32, Vec<(String, String)>, isize)>();
             let req_tx = Mutex::new(req_tx);
             let (mut nodes, mut sums) = worker.dataflow::<u64, _, _>(|scope| {
                 let (ni, nodes) = scope.new_collection::<(String, Node), isize>();
@@ -498,42 +510,62 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                 );
                 let sm = operators::hierarchy::dataflow::summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
                 sm.requests
-                    .inspect(move |((s, _l, _c, hsh, ms), _t, d)| {
-                        req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), ms.clone(), *d)).expect("send");
+                    .inspect(move |((s, l, _c, hsh, ms), _t, d)| {
+                        req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), *l, ms.clone(), *d)).expect("send");
                     })
                     .probe_with(&probe);
                 h.clusters.probe_with(&probe);
                 (ni, si)
             });
             let mut epoch = 0u64;
-            let mut open: std::collections::BTreeMap<(String, String), (Vec<(String, String)>, isize)> = Default::default();
+            // Waiting requests: content key → (layer, members, multiplicity, epoch it appeared, answered).
+            type Open = std::collections::BTreeMap<(String, String), (u32, Vec<(String, String)>, isize, u64, bool)>;
+            let mut open: Open = Default::default();
             let llm = operators::summary::Extractive { max_words: words };
-            // Feeds one epoch, then answers summary requests epoch after epoch until none is left; returns
-            // (seconds, summary calls).
-            let mut run = |deltas: Vec<(String, Node, isize)>, worker: &mut timely::worker::Worker| -> (f64, usize) {
+            // Feeds one batch per epoch, and answers every request that has waited `debounce` epochs unchanged
+            // (a cluster that changes gets a new content key, and so a new wait), epoch after epoch until the
+            // batches are in and no request waits; returns (seconds, summary calls, calls by layer).
+            let mut run = |batches: Vec<Vec<(String, Node, isize)>>, debounce: u64, worker: &mut timely::worker::Worker| -> (f64, usize, Vec<usize>) {
                 let t = Instant::now();
                 let mut calls = 0;
-                if worker.index() == 0 {
-                    for (s, n, d) in deltas {
-                        nodes.update((s, n), d);
-                    }
-                }
+                let mut by_layer: Vec<usize> = Vec::new();
+                let mut batches = batches.into_iter();
                 loop {
+                    let fed = match batches.next() {
+                        Some(batch) => {
+                            if worker.index() == 0 {
+                                for (s, n, d) in batch {
+                                    nodes.update((s, n), d);
+                                }
+                            }
+                            true
+                        }
+                        None => false,
+                    };
                     epoch += 1;
                     nodes.advance_to(epoch);
                     sums.advance_to(epoch);
                     nodes.flush();
                     sums.flush();
                     worker.step_while(|| probe.less_than(&epoch));
-                    while let Ok((k, ms, d)) = req_rx.try_recv() {
-                        let e = open.entry(k).or_insert((ms, 0));
-                        e.1 += d;
+                    while let Ok((k, l, ms, d)) = req_rx.try_recv() {
+                        let e = open.entry(k).or_insert((l, ms, 0, epoch, false));
+                        e.2 += d;
                     }
-                    open.retain(|_, v| v.1 != 0);
-                    if open.is_empty() {
+                    open.retain(|_, v| v.2 != 0);
+                    if open.is_empty() && !fed {
                         break;
                     }
-                    for (k, (ms, _)) in &open {
+                    for (k, (l, ms, _, since, answered)) in open.iter_mut() {
+                        if *answered || epoch - *since < debounce {
+                            continue;
+                        }
+                        *answered = true;
+                        let l = *l as usize;
+                        if by_layer.len() < l {
+                            by_layer.resize(l, 0);
+                        }
+                        by_layer[l - 1] += 1;
                         let texts: Vec<&str> = ms.iter().map(|m| m.1.as_str()).collect();
                         let s = operators::summary::Llm::summarize(&llm, &texts).expect("extractive");
                         if worker.index() == 0 {
@@ -542,20 +574,40 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                         calls += 1;
                     }
                 }
-                (t.elapsed().as_secs_f64(), calls)
+                (t.elapsed().as_secs_f64(), calls, by_layer)
             };
             let topics = (size as u64 / 25).max(1);
-            let (rebuild, rebuild_calls) = run(if worker.index() == 0 { synthetic(0, size, topics) } else { Vec::new() }, worker);
+            let lead = worker.index() == 0;
+            let mine = |start: usize, n: usize| if lead { synthetic(start, n, topics) } else { Vec::new() };
+            let (rebuild, rebuild_calls, _) = run(vec![mine(0, size)], 0, worker);
             let mut next = size;
             for &b in &batches {
-                let (secs, calls) = run(if worker.index() == 0 { synthetic(next, b, topics) } else { Vec::new() }, worker);
+                let (secs, calls, by_layer) = run(vec![mine(next, b)], 0, worker);
                 next += b;
                 if worker.index() == 0 {
                     tx.send(serde_json::json!({
                         "bench": "hierarchy", "memory_chunks": size, "batch": b, "insert_seconds": secs,
                         "rebuild_seconds": rebuild, "speedup": rebuild / secs,
                         "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / b as f64,
-                        "rebuild_summary_calls": rebuild_calls, "workers": worker.peers(),
+                        "rebuild_summary_calls": rebuild_calls, "summary_calls_by_layer": by_layer,
+                        "workers": worker.peers(),
+                    }))
+                    .expect("send");
+                }
+            }
+            if stream > 0 {
+                let epochs: Vec<Vec<_>> = (0..stream.div_ceil(stream_batch))
+                    .map(|i| mine(next + i * stream_batch, stream_batch.min(stream - i * stream_batch)))
+                    .collect();
+                let n = epochs.len();
+                let (secs, calls, by_layer) = run(epochs, debounce, worker);
+                if worker.index() == 0 {
+                    tx.send(serde_json::json!({
+                        "bench": "hierarchy-stream", "memory_chunks": size, "batch": stream_batch, "chunks": stream,
+                        "debounce_epochs": debounce, "seconds": secs, "seconds_per_batch": secs / n as f64,
+                        "rebuild_seconds": rebuild, "rebuild_summary_calls": rebuild_calls,
+                        "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / stream as f64,
+                        "summary_calls_by_layer": by_layer, "workers": worker.peers(),
                     }))
                     .expect("send");
                 }
@@ -569,12 +621,19 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     for p in rx.try_iter() {
         if json {
             println!("{p}");
+        } else if p["bench"] == "hierarchy-stream" {
+            println!(
+                "memory={:<7} stream of {} chunks, {} per epoch, debounce {} epochs: {:.3}s per epoch, summary_calls/chunk={:.3} by layer {}",
+                p["memory_chunks"], p["chunks"], p["batch"], p["debounce_epochs"],
+                p["seconds_per_batch"].as_f64().unwrap_or(0.0), p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0),
+                p["summary_calls_by_layer"]
+            );
         } else {
             println!(
-                "memory={:<7} batch={:<4} insert={:>8.3}s rebuild={:>8.2}s speedup={:>7.1}x summary_calls/chunk={:.3}",
+                "memory={:<7} batch={:<4} insert={:>8.3}s rebuild={:>8.2}s speedup={:>7.1}x summary_calls/chunk={:.3} by layer {}",
                 p["memory_chunks"], p["batch"], p["insert_seconds"].as_f64().unwrap_or(0.0),
                 p["rebuild_seconds"].as_f64().unwrap_or(0.0), p["speedup"].as_f64().unwrap_or(0.0),
-                p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0)
+                p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0), p["summary_calls_by_layer"]
             );
         }
     }

@@ -16,7 +16,7 @@
 //!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
-//!    cluster over `max-cluster-size` is split into equal parts in member-id order. A cluster is named by a hash
+//!    cluster over `max-cluster-size` is split in member-id order at content-defined points ([`parts`]). A cluster is named by a hash
 //!    of its members ([`cluster_id`]), so identical member sets are one cluster.
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
 //!    joins them (weight: the number of such links). The hierarchy stops at `max-layers`, or at the first layer
@@ -80,15 +80,38 @@ pub fn cluster_id<'a>(layer: u32, members: impl Iterator<Item = &'a str>) -> Str
 }
 
 /// The members of each part of a (possibly split) cluster, from its sorted members.
+///
+/// A cluster of at most `max` members is one part. A larger one is cut in member order at *content-defined* points:
+/// after a member whose hash is 0 modulo `max / 2` once the part holds `max / 4` members, and always at `max`; a
+/// last part under `max / 4` joins the one before (the two split evenly if that overflows). Cuts depend on the
+/// members around them, not on their count, so a member joining or leaving a large cluster changes the part it
+/// falls in (and rarely the next), where equal parts would shift every boundary — and every part's summary.
 pub fn parts<'a>(members: &[&'a str], max: usize) -> Vec<Vec<&'a str>> {
-    let n = members.len();
-    let mut out: Vec<Vec<&str>> = Vec::new();
-    for (i, m) in members.iter().enumerate() {
-        let p = split_part(i, n, max).unwrap_or(0);
-        if out.len() <= p {
-            out.resize(p + 1, Vec::new());
+    let max = max.max(1);
+    if members.len() <= max {
+        return vec![members.to_vec()];
+    }
+    let q = (max / 2).max(2) as u64;
+    let min = (max / 4).max(1);
+    let mut out: Vec<Vec<&str>> = vec![Vec::new()];
+    for m in members {
+        let part = out.last_mut().expect("one part at least");
+        part.push(m);
+        if part.len() >= max || (part.len() >= min && fnv1a(m.as_bytes()) % q == 0) {
+            out.push(Vec::new());
         }
-        out[p].push(m);
+    }
+    if out.last().is_some_and(Vec::is_empty) {
+        out.pop();
+    }
+    if out.len() > 1 && out[out.len() - 1].len() < min {
+        let tail = out.pop().expect("checked");
+        let last = out.last_mut().expect("checked");
+        last.extend(tail);
+        if last.len() > max {
+            let second = last.split_off(last.len() / 2);
+            out.push(second);
+        }
     }
     out
 }
@@ -125,16 +148,6 @@ pub fn next_label<'a>(own: &'a Replica, votes: impl Iterator<Item = (&'a Replica
         return own;
     }
     totals.iter().find(|(_, w)| *w == best).map(|t| t.0).unwrap_or(own)
-}
-
-/// Splits sorted members into `ceil(n / max)` near-equal parts; `None` when no split is needed.
-pub fn split_part(index: usize, n: usize, max: usize) -> Option<usize> {
-    if n <= max {
-        None
-    } else {
-        let parts = n.div_ceil(max);
-        Some(index * parts / n)
-    }
 }
 
 /// Union-find over the neighbours of one node: component name (smallest member) per neighbour.
@@ -199,10 +212,25 @@ mod tests {
     }
 
     #[test]
-    fn splits_are_balanced() {
-        let parts: Vec<_> = (0..25).map(|i| split_part(i, 25, 12).unwrap()).collect();
-        assert_eq!(parts.iter().filter(|p| **p == 0).count(), 9);
-        assert_eq!(*parts.last().unwrap(), 2);
-        assert_eq!(split_part(3, 12, 12), None);
+    fn splits_are_bounded_and_local() {
+        let ids: Vec<String> = (0..400).map(|i| format!("d{i}#{}", i % 8)).collect();
+        let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+        sorted.sort();
+        assert_eq!(parts(&sorted[..12], 12).len(), 1, "a cluster of max members is not split");
+        for n in [13, 25, 60, 400] {
+            let ps = parts(&sorted[..n], 12);
+            assert_eq!(ps.concat(), sorted[..n].to_vec(), "parts keep every member, in order");
+            assert!(ps.iter().all(|p| !p.is_empty() && p.len() <= 12), "{n}: sizes {:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
+            assert!(ps.iter().all(|p| p.len() >= 3), "{n}: a tiny part: {:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
+        }
+        // One member more changes at most two parts of a large cluster (equal parts would change nearly all).
+        let before = parts(&sorted[..300], 12);
+        let mut grown = sorted[..300].to_vec();
+        grown.push("d150#x");
+        grown.sort();
+        let after = parts(&grown, 12);
+        let changed = after.iter().filter(|p| !before.contains(p)).count();
+        assert!(changed <= 2, "{changed} of {} parts changed", after.len());
+        assert!(before.len() >= 25, "{} parts", before.len());
     }
 }
