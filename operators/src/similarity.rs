@@ -230,13 +230,34 @@ impl SimilarityIndex {
         if self.tombstones > 1024 && self.tombstones > self.entries.len() {
             self.rebuild();
         }
+        // A batch that at least doubles the space (a from-scratch build, a replay) is built in bulk: every node
+        // enters the index, then every list is computed by a nearest-neighbour search. No reverse lookups, whose
+        // bars are all low while lists are still filling. Same graph: it is a function of the live nodes.
+        let bulk = inserts.len() > self.params.exhaustive_below.max(self.entries.len());
+        let mut fresh: Vec<Arc<str>> = Vec::new();
         for (node, emb) in inserts {
             let id: Arc<str> = Arc::from(node.id.as_str());
             if self.entries.contains_key(&id) {
                 // An insert of a live id without its retraction: replace (upstream sends both, but be total).
                 self.delete(&id, &mut before, &mut dirty);
             }
-            self.insert(id, node, emb, &mut before);
+            if bulk {
+                self.place(id.clone(), node, emb);
+                fresh.push(id);
+            } else {
+                self.insert(id, node, emb, &mut before);
+            }
+        }
+        if bulk {
+            // The nodes that were there first: their pairs with newcomers are touched while the newcomers' lists
+            // are still empty, so the recorded "before" of every pair is its state before the batch.
+            let fresh_set: HashSet<Arc<str>> = fresh.iter().cloned().collect();
+            let mut old: Vec<Arc<str>> = self.entries.keys().filter(|id| !fresh_set.contains(*id)).cloned().collect();
+            old.sort();
+            for id in old.iter().chain(&fresh) {
+                self.recompute(id, &mut before);
+            }
+            dirty.clear();
         }
         for id in dirty {
             if self.entries.contains_key(&id) {
@@ -322,7 +343,8 @@ impl SimilarityIndex {
         dirty.remove(&id);
     }
 
-    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+    /// Puts a node into the index and the document map, with no list yet.
+    fn place(&mut self, id: Arc<str>, node: Node, emb: Embedding) {
         let slot = (!emb.is_zero()).then(|| {
             let slot = self.slots.len();
             self.hnsw.insert_slice((&emb.0, slot));
@@ -330,7 +352,11 @@ impl SimilarityIndex {
             slot
         });
         self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
-        self.entries.insert(id.clone(), Entry { node, emb, slot });
+        self.entries.insert(id, Entry { node, emb, slot });
+    }
+
+    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+        self.place(id.clone(), node, emb);
 
         let cands = self.candidates(&id, true);
         let k = self.params.k;
