@@ -3,10 +3,17 @@
 //! Label propagation is unrolled into `lpa-rounds` join/reduce rounds and the layers into `max-layers` stages; each
 //! is incremental on its own.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
 use differential_dataflow::lattice::Lattice;
-use differential_dataflow::VecCollection;
+use differential_dataflow::{AsCollection, VecCollection};
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::Capability;
 use timely::order::TotalOrder;
 use timely::progress::Timestamp;
+
+use crate::hash::space_hash;
 
 use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
 
@@ -69,29 +76,10 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     // Directed adjacency ((s, a), (b, w)), both directions.
-    let adj = edges.flat_map(|(s, u, v, w)| [((s.clone(), u.clone()), (v.clone(), w)), ((s, v), (u, w))]);
+    let adj = edges.clone().flat_map(|(s, u, v, w)| [((s.clone(), u.clone()), (v.clone(), w)), ((s, v), (u, w))]);
     let pairs = adj.clone().map(|((s, a), (b, _))| ((s, a), b));
-    // Links inside ego networks: a triangle (v, a, b) is a link a–b in v's ego network.
-    let wedges = pairs
-        .clone()
-        .join_map(pairs.clone(), |(s, a), v, b| ((s.clone(), v.clone(), b.clone()), a.clone()))
-        .filter(|((_, v, b), _)| v != b);
-    let adjacent = pairs.clone().map(|((s, a), b)| (s, a, b));
-    let links = wedges
-        .semijoin(adjacent)
-        .map(|((s, v, b), a)| ((s, v), (a, Some(b))));
-    let neighbours = pairs.clone().map(|((s, v), a)| ((s, v), (a, None::<String>)));
     // comp: ((s, v, a), component of v's ego network holding a).
-    let comp = neighbours
-        .concat(links)
-        .reduce(|_key, vals: &[(&(String, Option<String>), isize)], out: &mut Vec<((String, String), isize)>| {
-            let nbrs = vals.iter().filter(|(v, _)| v.1.is_none()).map(|(v, _)| v.0.as_str());
-            let links = vals.iter().filter_map(|(v, _)| v.1.as_deref().map(|b| (v.0.as_str(), b)));
-            for (a, c) in ego_components(nbrs, links) {
-                out.push(((a.to_string(), c.to_string()), 1));
-            }
-        })
-        .map(|((s, v), (a, c))| ((s, v, a), c));
+    let comp = ego_networks(edges);
     // Replica edges: (u, comp(u, v)) — (v, comp(v, u)).
     let radj = adj
         .map(|((s, u), (v, w))| ((s, u, v), w))
@@ -134,6 +122,111 @@ where
         })
         .map(|((s, _l), (c, m))| ((s, c), m))
         .distinct()
+}
+
+/// The ego networks of one layer: `((space, v, a), c)` for every node `v` and neighbour `a`, `c` naming the
+/// component of `v`'s ego network that holds `a` ([`ego_components`]).
+///
+/// A stateful operator per space (like the similarity graph): it keeps the adjacency, and for each epoch's edge
+/// changes recomputes the ego networks of the nodes they touch — the endpoints, and the common neighbours of the
+/// endpoints, whose ego networks gained or lost a link — and emits the difference from what it emitted before. As a
+/// join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions at 100k chunks); here
+/// the state is the adjacency and the emitted rows, O(edges).
+fn ego_networks<'s, T>(edges: Edges<'s, T>) -> VecCollection<'s, T, ((String, String, String), String)>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
+    type Adj = HashMap<String, BTreeMap<String, isize>>;
+    let pact = Exchange::new(|u: &((String, String, String, u64), T, isize)| space_hash(&(u.0).0));
+    edges
+        .inner
+        .unary_frontier(pact, "EgoNetworks", move |_cap, _info| {
+            // space → (adjacency with multiplicities, emitted components per node).
+            let mut spaces: HashMap<String, (Adj, HashMap<String, BTreeMap<String, String>>)> = HashMap::new();
+            let mut pending: BTreeMap<T, (Capability<T>, Vec<((String, String, String), isize)>)> = BTreeMap::new();
+            move |(input, frontier), output| {
+                input.for_each(|cap, data| {
+                    for ((s, u, v, _w), t, d) in data.drain(..) {
+                        let slot = pending.entry(t.clone()).or_insert_with(|| (cap.delayed(&t, 0), Vec::new()));
+                        slot.1.push(((s, u, v), d));
+                    }
+                });
+                while let Some(t) = pending.keys().next().cloned() {
+                    if frontier.less_equal(&t) {
+                        break;
+                    }
+                    let (cap, rows) = pending.remove(&t).expect("first key");
+                    let mut by_space: BTreeMap<String, Vec<(String, String, isize)>> = BTreeMap::new();
+                    for ((s, u, v), d) in rows {
+                        by_space.entry(s).or_default().push((u, v, d));
+                    }
+                    let mut session = output.session(&cap);
+                    for (space, changes) in by_space {
+                        let (adj, emitted) = spaces.entry(space.clone()).or_default();
+                        let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
+                        for (u, v, d) in changes {
+                            for (a, b) in [(&u, &v), (&v, &u)] {
+                                let nbrs = adj.entry(a.clone()).or_default();
+                                let n = nbrs.entry(b.clone()).or_default();
+                                *n += d;
+                                if *n == 0 {
+                                    nbrs.remove(b);
+                                }
+                                if nbrs.is_empty() {
+                                    adj.remove(a);
+                                }
+                            }
+                            touched.insert((u, v));
+                        }
+                        // Endpoints, and the nodes adjacent to both ends of a changed edge (a common neighbour
+                        // before but not after has lost an edge to one end, so it is an endpoint itself).
+                        let mut affected: BTreeSet<&str> = BTreeSet::new();
+                        for (u, v) in &touched {
+                            affected.insert(u);
+                            affected.insert(v);
+                            if let (Some(nu), Some(nv)) = (adj.get(u), adj.get(v)) {
+                                let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
+                                affected.extend(small.keys().filter(|w| large.contains_key(*w)).map(String::as_str));
+                            }
+                        }
+                        for v in affected {
+                            let now: BTreeMap<String, String> = match adj.get(v) {
+                                None => BTreeMap::new(),
+                                Some(nbrs) => {
+                                    let links = nbrs.keys().flat_map(|a| {
+                                        adj.get(a).into_iter().flat_map(move |an| {
+                                            an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (a.as_str(), b.as_str()))
+                                        })
+                                    });
+                                    ego_components(nbrs.keys().map(String::as_str), links)
+                                        .into_iter()
+                                        .map(|(a, c)| (a.to_string(), c.to_string()))
+                                        .collect()
+                                }
+                            };
+                            let before = emitted.remove(v).unwrap_or_default();
+                            for (a, c) in &before {
+                                if now.get(a) != Some(c) {
+                                    session.give((((space.clone(), v.to_string(), a.clone()), c.clone()), t.clone(), -1));
+                                }
+                            }
+                            for (a, c) in &now {
+                                if before.get(a) != Some(c) {
+                                    session.give((((space.clone(), v.to_string(), a.clone()), c.clone()), t.clone(), 1));
+                                }
+                            }
+                            if !now.is_empty() {
+                                emitted.insert(v.to_string(), now);
+                            }
+                        }
+                        if adj.is_empty() && emitted.is_empty() {
+                            spaces.remove(&space);
+                        }
+                    }
+                }
+            }
+        })
+        .as_collection()
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>
