@@ -42,7 +42,7 @@ pub struct HierarchyParams {
 
 impl Default for HierarchyParams {
     fn default() -> Self {
-        HierarchyParams { max_layers: 10, max_cluster_size: 12, lpa_rounds: 10 }
+        HierarchyParams { max_layers: 10, max_cluster_size: 12, lpa_rounds: 20 }
     }
 }
 
