@@ -97,14 +97,17 @@ where
     let mut labels = replicas.map(|(s, r)| ((s, r.clone()), r));
     for round in 0..params.lpa_rounds {
         let lab = labels.arrange_by_key();
-        // Neighbours' votes, and each replica's own label (flagged) so that the reduce knows it.
+        // Neighbours' votes, the edge weight moved into the difference so that the votes for one label consolidate
+        // into one row per (replica, label) — the reduce arranges its input for every round, and per-edge rows
+        // were most of the memory — and each replica's own label (flagged) so that the reduce knows it.
         let votes = radj
             .clone()
-            .join_core(lab.clone(), |(s, _x), (y, w), l| Some(((s.clone(), y.clone()), (l.clone(), *w as u128, false))))
-            .concat(lab.as_collection(|k, l| (k.clone(), (l.clone(), 0u128, true))));
-        labels = votes.reduce(move |(_s, x), vals: &[(&(Replica, u128, bool), isize)], out: &mut Vec<(Replica, isize)>| {
-            let own = &vals.iter().find(|(v, _)| v.2).expect("every replica votes for its own label").0 .0;
-            let neighbours = vals.iter().filter(|(v, _)| !v.2).map(|((l, w, _), d)| (l, *w * (*d).max(0) as u128));
+            .join_core(lab.clone(), |(s, _x), (y, w), l| Some(((s.clone(), y.clone()), (l.clone(), *w))))
+            .explode(|(k, (l, w))| Some(((k, (l, false)), isize::try_from(w).unwrap_or(isize::MAX))))
+            .concat(lab.as_collection(|k, l| (k.clone(), (l.clone(), true))));
+        labels = votes.reduce(move |(_s, x), vals: &[(&(Replica, bool), isize)], out: &mut Vec<(Replica, isize)>| {
+            let own = &vals.iter().find(|(v, _)| v.1).expect("every replica votes for its own label").0 .0;
+            let neighbours = vals.iter().filter(|(v, _)| !v.1).map(|((l, _), d)| (l, (*d).max(0) as u128));
             out.push((next_label(own, neighbours, active(x, round)).clone(), 1));
         });
     }
