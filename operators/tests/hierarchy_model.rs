@@ -70,6 +70,14 @@ fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Vec<Change>> {
                         if rng.gen_bool(0.25) {
                             let w = live_edges.remove(&key).unwrap();
                             batch.push(Change::Edge(s, u, v, w, -1));
+                        } else if rng.gen_bool(0.2) {
+                            // A new weight for a kept edge: the pair is retracted and inserted in one batch (what
+                            // a replaced chunk does to its edges), which must not disturb the ego networks.
+                            let w = live_edges[&key];
+                            let nw = if w >= 400 { 100 } else { w + 100 };
+                            live_edges.insert(key, nw);
+                            batch.push(Change::Edge(s.clone(), u.clone(), v.clone(), w, -1));
+                            batch.push(Change::Edge(s, u, v, nw, 1));
                         }
                     } else {
                         let w = rng.gen_range(1..5) * 100;
