@@ -91,22 +91,26 @@ where
         .as_collection()
 }
 
-/// CAM's similarity edges, maintained per space by a [`SimilarityIndex`] on the worker that owns the space. The
-/// operator holds each epoch until its input frontier passes it, then applies the whole epoch at once, so the
-/// output at every time is the exact graph of the nodes at that time.
-pub fn similarity_edges<'s, T>(
-    nodes: VecCollection<'s, T, (String, Node, Embedding)>,
-    params: SimilarityParams,
-) -> VecCollection<'s, T, Edge>
+/// Runs a stateful per-space computation over a collection in time order: updates are exchanged by space (all of a
+/// space on one worker), each time's updates are held until the input frontier passes it and then handed to
+/// `apply`, one call per space in space order, times in order; what `apply` returns is emitted at that time. The
+/// operators that keep an index or an adjacency per space (the similarity graph, the ego networks) are built on it.
+pub fn per_space_in_time_order<'s, T, D, O>(
+    input: VecCollection<'s, T, D>,
+    name: &str,
+    space: fn(&D) -> &str,
+    mut apply: impl FnMut(&str, Vec<(D, isize)>) -> Vec<(O, isize)> + 'static,
+) -> VecCollection<'s, T, O>
 where
     T: Timestamp + TotalOrder,
+    D: timely::ExchangeData,
+    O: timely::ExchangeData,
 {
-    let pact = Exchange::new(|u: &((String, Node, Embedding), T, isize)| space_hash(&(u.0).0));
-    nodes
+    let pact = Exchange::new(move |u: &(D, T, isize)| space_hash(space(&u.0)));
+    input
         .inner
-        .unary_frontier(pact, "SimilarityEdges", move |_cap, _info| {
-            let mut indexes: HashMap<String, SimilarityIndex> = HashMap::new();
-            let mut pending: BTreeMap<T, (Capability<T>, Vec<((String, Node, Embedding), isize)>)> = BTreeMap::new();
+        .unary_frontier(pact, name, move |_cap, _info| {
+            let mut pending: BTreeMap<T, (Capability<T>, Vec<(D, isize)>)> = BTreeMap::new();
             move |(input, frontier), output| {
                 input.for_each(|cap, data| {
                     for (row, t, d) in data.drain(..) {
@@ -119,22 +123,38 @@ where
                         break;
                     }
                     let (cap, rows) = pending.remove(&t).expect("first key");
-                    let mut by_space: BTreeMap<String, Vec<(Node, Embedding, isize)>> = BTreeMap::new();
-                    for ((space, node, emb), d) in rows {
-                        by_space.entry(space).or_default().push((node, emb, d));
+                    let mut by_space: BTreeMap<String, Vec<(D, isize)>> = BTreeMap::new();
+                    for (row, d) in rows {
+                        by_space.entry(space(&row).to_string()).or_default().push((row, d));
                     }
                     let mut session = output.session(&cap);
-                    for (space, changes) in by_space {
-                        let index =
-                            indexes.entry(space.clone()).or_insert_with(|| SimilarityIndex::new(params.clone()));
-                        let deltas = index.apply(changes);
-                        session.give_iterator(to_edges(&space, deltas).map(|(e, d)| (e, t.clone(), d)));
-                        if index.is_empty() {
-                            indexes.remove(&space);
-                        }
+                    for (s, changes) in by_space {
+                        session.give_iterator(apply(&s, changes).into_iter().map(|(o, d)| (o, t.clone(), d)));
                     }
                 }
             }
         })
         .as_collection()
+}
+
+/// CAM's similarity edges, maintained per space by a [`SimilarityIndex`] on the worker that owns the space. The
+/// operator holds each epoch until its input frontier passes it, then applies the whole epoch at once, so the
+/// output at every time is the exact graph of the nodes at that time.
+pub fn similarity_edges<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node, Embedding)>,
+    params: SimilarityParams,
+) -> VecCollection<'s, T, Edge>
+where
+    T: Timestamp + TotalOrder,
+{
+    let mut indexes: HashMap<String, SimilarityIndex> = HashMap::new();
+    per_space_in_time_order(nodes, "SimilarityEdges", |(s, _, _)| s, move |space, rows| {
+        let changes: Vec<(Node, Embedding, isize)> = rows.into_iter().map(|((_, n, e), d)| (n, e, d)).collect();
+        let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+        let deltas = index.apply(changes);
+        if index.is_empty() {
+            indexes.remove(space);
+        }
+        to_edges(space, deltas).collect()
+    })
 }

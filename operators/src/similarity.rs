@@ -113,6 +113,15 @@ impl SimilarityParams {
     }
 }
 
+/// What a newcomer must score to enter a top-`k` list: 0 while it is short, else its k-th score (millionths).
+fn bar(list: &[Scored], k: usize) -> u32 {
+    if list.len() < k {
+        0
+    } else {
+        micro(list[k - 1].score)
+    }
+}
+
 /// Weight in millionths, as edges carry it.
 pub fn micro(score: f32) -> u32 {
     (score.clamp(0.0, 1.0) * 1e6).round() as u32
@@ -175,20 +184,20 @@ impl SimilarityIndex {
 
     /// What a newcomer must score to enter `list`: 0 while it is short, else its k-th score.
     fn bar(&self, list: &[Scored]) -> u32 {
-        if list.len() < self.params.k {
-            0
-        } else {
-            micro(list[self.params.k - 1].score)
-        }
+        bar(list, self.params.k)
     }
 
     /// Changes the list of `id` (creating it if need be), keeping `bars` in step.
     fn relist(&mut self, id: &Arc<str>, change: impl FnOnce(&mut Vec<Scored>)) {
-        let mut list = self.topk.remove(id).unwrap_or_default();
-        self.bars.remove(&(self.bar(&list), id.clone()));
-        change(&mut list);
-        self.bars.insert((self.bar(&list), id.clone()));
-        self.topk.insert(id.clone(), list);
+        let k = self.params.k;
+        let list = self.topk.entry(id.clone()).or_default();
+        let before = bar(list, k);
+        change(list);
+        let after = bar(list, k);
+        if before != after || !self.bars.contains(&(before, id.clone())) {
+            self.bars.remove(&(before, id.clone()));
+            self.bars.insert((after, id.clone()));
+        }
     }
 
     fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, UnitCosine> {

@@ -6,14 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use differential_dataflow::lattice::Lattice;
-use differential_dataflow::{AsCollection, VecCollection};
-use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::generic::Operator;
-use timely::dataflow::operators::Capability;
+use differential_dataflow::VecCollection;
 use timely::order::TotalOrder;
 use timely::progress::Timestamp;
 
-use crate::hash::space_hash;
+use crate::dataflow::per_space_in_time_order;
 
 use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
 
@@ -140,96 +137,72 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     type Adj = HashMap<String, BTreeMap<String, isize>>;
-    let pact = Exchange::new(|u: &((String, String, String, u64), T, isize)| space_hash(&(u.0).0));
-    edges
-        .inner
-        .unary_frontier(pact, "EgoNetworks", move |_cap, _info| {
-            // space → (adjacency with multiplicities, emitted components per node).
-            let mut spaces: HashMap<String, (Adj, HashMap<String, BTreeMap<String, String>>)> = HashMap::new();
-            let mut pending: BTreeMap<T, (Capability<T>, Vec<((String, String, String), isize)>)> = BTreeMap::new();
-            move |(input, frontier), output| {
-                input.for_each(|cap, data| {
-                    for ((s, u, v, _w), t, d) in data.drain(..) {
-                        let slot = pending.entry(t.clone()).or_insert_with(|| (cap.delayed(&t, 0), Vec::new()));
-                        slot.1.push(((s, u, v), d));
-                    }
-                });
-                while let Some(t) = pending.keys().next().cloned() {
-                    if frontier.less_equal(&t) {
-                        break;
-                    }
-                    let (cap, rows) = pending.remove(&t).expect("first key");
-                    let mut by_space: BTreeMap<String, Vec<(String, String, isize)>> = BTreeMap::new();
-                    for ((s, u, v), d) in rows {
-                        by_space.entry(s).or_default().push((u, v, d));
-                    }
-                    let mut session = output.session(&cap);
-                    for (space, changes) in by_space {
-                        let (adj, emitted) = spaces.entry(space.clone()).or_default();
-                        let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
-                        for (u, v, d) in changes {
-                            for (a, b) in [(&u, &v), (&v, &u)] {
-                                let nbrs = adj.entry(a.clone()).or_default();
-                                let n = nbrs.entry(b.clone()).or_default();
-                                *n += d;
-                                if *n == 0 {
-                                    nbrs.remove(b);
-                                }
-                                if nbrs.is_empty() {
-                                    adj.remove(a);
-                                }
-                            }
-                            touched.insert((u, v));
-                        }
-                        // Endpoints, and the nodes adjacent to both ends of a changed edge (a common neighbour
-                        // before but not after has lost an edge to one end, so it is an endpoint itself).
-                        let mut affected: BTreeSet<&str> = BTreeSet::new();
-                        for (u, v) in &touched {
-                            affected.insert(u);
-                            affected.insert(v);
-                            if let (Some(nu), Some(nv)) = (adj.get(u), adj.get(v)) {
-                                let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
-                                affected.extend(small.keys().filter(|w| large.contains_key(*w)).map(String::as_str));
-                            }
-                        }
-                        for v in affected {
-                            let now: BTreeMap<String, String> = match adj.get(v) {
-                                None => BTreeMap::new(),
-                                Some(nbrs) => {
-                                    let links = nbrs.keys().flat_map(|a| {
-                                        adj.get(a).into_iter().flat_map(move |an| {
-                                            an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (a.as_str(), b.as_str()))
-                                        })
-                                    });
-                                    ego_components(nbrs.keys().map(String::as_str), links)
-                                        .into_iter()
-                                        .map(|(a, c)| (a.to_string(), c.to_string()))
-                                        .collect()
-                                }
-                            };
-                            let before = emitted.remove(v).unwrap_or_default();
-                            for (a, c) in &before {
-                                if now.get(a) != Some(c) {
-                                    session.give((((space.clone(), v.to_string(), a.clone()), c.clone()), t.clone(), -1));
-                                }
-                            }
-                            for (a, c) in &now {
-                                if before.get(a) != Some(c) {
-                                    session.give((((space.clone(), v.to_string(), a.clone()), c.clone()), t.clone(), 1));
-                                }
-                            }
-                            if !now.is_empty() {
-                                emitted.insert(v.to_string(), now);
-                            }
-                        }
-                        if adj.is_empty() && emitted.is_empty() {
-                            spaces.remove(&space);
-                        }
-                    }
+    // space → (adjacency with multiplicities, emitted components per node).
+    let mut spaces: HashMap<String, (Adj, HashMap<String, BTreeMap<String, String>>)> = HashMap::new();
+    per_space_in_time_order(edges, "EgoNetworks", |(s, _, _, _)| s, move |space, rows| {
+        let mut out = Vec::new();
+        let (adj, emitted) = spaces.entry(space.to_string()).or_default();
+        let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
+        for ((_, u, v, _w), d) in rows {
+            for (a, b) in [(&u, &v), (&v, &u)] {
+                let nbrs = adj.entry(a.clone()).or_default();
+                let n = nbrs.entry(b.clone()).or_default();
+                *n += d;
+                if *n == 0 {
+                    nbrs.remove(b);
+                }
+                if nbrs.is_empty() {
+                    adj.remove(a);
                 }
             }
-        })
-        .as_collection()
+            touched.insert((u, v));
+        }
+        // Endpoints, and the nodes adjacent to both ends of a changed edge (a common neighbour before but not after
+        // has lost an edge to one end, so it is an endpoint itself).
+        let mut affected: BTreeSet<&str> = BTreeSet::new();
+        for (u, v) in &touched {
+            affected.insert(u);
+            affected.insert(v);
+            if let (Some(nu), Some(nv)) = (adj.get(u), adj.get(v)) {
+                let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
+                affected.extend(small.keys().filter(|w| large.contains_key(*w)).map(String::as_str));
+            }
+        }
+        for v in affected {
+            let now: BTreeMap<String, String> = match adj.get(v) {
+                None => BTreeMap::new(),
+                Some(nbrs) => {
+                    let links = nbrs.keys().flat_map(|a| {
+                        adj.get(a).into_iter().flat_map(move |an| {
+                            an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (a.as_str(), b.as_str()))
+                        })
+                    });
+                    ego_components(nbrs.keys().map(String::as_str), links)
+                        .into_iter()
+                        .map(|(a, c)| (a.to_string(), c.to_string()))
+                        .collect()
+                }
+            };
+            let before = emitted.remove(v).unwrap_or_default();
+            for (a, c) in &before {
+                if now.get(a) != Some(c) {
+                    out.push((((space.to_string(), v.to_string(), a.clone()), c.clone()), -1));
+                }
+            }
+            for (a, c) in &now {
+                if before.get(a) != Some(c) {
+                    out.push((((space.to_string(), v.to_string(), a.clone()), c.clone()), 1));
+                }
+            }
+            if !now.is_empty() {
+                emitted.insert(v.to_string(), now);
+            }
+        }
+        if adj.is_empty() && emitted.is_empty() {
+            spaces.remove(space);
+        }
+        out
+    })
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>
