@@ -48,7 +48,7 @@ const STOP: &[&str] = &[
     "oh", "um", "uh", "really", "so", "very", "get", "got",
 ];
 
-fn is_stop(w: &str) -> bool {
+pub fn is_stop(w: &str) -> bool {
     static SET: std::sync::OnceLock<std::collections::HashSet<&'static str>> = std::sync::OnceLock::new();
     SET.get_or_init(|| STOP.iter().copied().collect()).contains(w)
 }

@@ -10,6 +10,7 @@ pub mod events;
 pub mod hierarchy;
 pub mod hash;
 pub mod ingest;
+pub mod lexical;
 pub mod model;
 pub mod record;
 pub mod similarity;

@@ -30,6 +30,15 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Evidence recall of retrieval on a public benchmark (`engram eval locomo --data FILE`).
     Eval(engram::eval::EvalArgs),
+    /// Embed each line of stdin with the configured embedder; print one JSON array per line.
+    Embed(EmbedArgs),
+}
+
+#[derive(Args)]
+struct EmbedArgs {
+    /// Configuration file (TOML); layered over the embedded defaults and under ENGRAM__* variables.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 /// timely's own flags (-w, -n, -p, -h) keep their meaning; `--help` shows help (-h is the hostfile).
@@ -144,6 +153,7 @@ fn main() -> ExitCode {
         Command::Query(args) => query(args),
         Command::Bench(args) => bench::run(args),
         Command::Eval(args) => engram::eval::run(args),
+        Command::Embed(args) => embed(args),
     };
     match result {
         Ok(code) => code,
@@ -365,4 +375,21 @@ fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         println!("{pretty}");
         Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
     })
+}
+
+fn embed(args: EmbedArgs) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead, Write};
+    let config = Config::load(args.config.as_deref(), std::env::vars().collect::<Vec<_>>(), &Overrides::default())?;
+    let dir = std::env::temp_dir().join(format!("engram-embed-{}", std::process::id()));
+    let embedder = engine::make_embedder(&config, &engram::metrics::Metrics::new(), &dir)?;
+    let lines: Vec<String> = std::io::stdin().lock().lines().collect::<Result<_, _>>()?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for batch in lines.chunks(64) {
+        let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+        for v in embedder.embed_batch(&refs) {
+            writeln!(out, "{}", serde_json::to_string(&v)?)?;
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }

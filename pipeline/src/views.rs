@@ -45,6 +45,10 @@ pub struct ClusterView {
 #[derive(Default, Clone)]
 pub struct SpaceView {
     pub nodes: HashMap<String, (Node, Embedding)>,
+    /// BM25 over the layer-0 texts (hybrid retrieval).
+    pub lexical: operators::lexical::LexicalIndex,
+    /// Document → its layer-0 nodes by position (a turn's or chunk's neighbours in reading order).
+    pub order: HashMap<String, BTreeMap<i64, String>>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`).
     pub adjacency: HashMap<String, BTreeMap<String, u32>>,
     /// Layer-0 edges.
@@ -125,8 +129,19 @@ impl Views {
                 ViewUpdate::Node(space, node, emb) => {
                     let view = self.spaces.entry(space.clone()).or_default();
                     if d > 0 {
+                        view.lexical.insert(&node.id, &node.text);
+                        view.order.entry(node.doc.clone()).or_default().insert(node.pos, node.id.clone());
                         view.nodes.insert(node.id.clone(), (node, emb));
                     } else if view.nodes.get(&node.id).is_some_and(|(n, _)| *n == node) {
+                        view.lexical.remove(&node.id);
+                        if let Some(o) = view.order.get_mut(&node.doc) {
+                            if o.get(&node.pos) == Some(&node.id) {
+                                o.remove(&node.pos);
+                            }
+                            if o.is_empty() {
+                                view.order.remove(&node.doc);
+                            }
+                        }
                         view.nodes.remove(&node.id);
                     }
                 }

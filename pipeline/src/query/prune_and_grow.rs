@@ -1,0 +1,135 @@
+//! CAM's Prune-and-Grow over every layer of the hierarchy.
+
+use serde_json::json;
+
+use operators::{Embedder, Node, NodeKind};
+
+use super::relevance::Relevance;
+use super::{clip, Evidence, Guide, PROMPT_WORDS, SELECT_MAX};
+use crate::views::SpaceView;
+
+/// CAM's Prune-and-Grow. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by [`Relevance`]. Then
+/// up to 5 rounds: *prune* the candidates — with a model, to those it selects among the best [`SELECT_MAX`]; without,
+/// to those within half of the best score — and *grow* the kept ones to their same-layer neighbours and their
+/// children (never parents); stop when the candidate set no longer changes. Evidence: the kept layer-0 nodes (the
+/// seeds' if none were kept), best first, then the kept summaries, then — by the rule, not after a model's selection
+/// — while budget is left the best other layer-0 text by relevance; consecutive chunks of one document merged into
+/// one passage, cut to the word budget.
+pub fn prune_and_grow(
+    view: &SpaceView,
+    embedder: &dyn Embedder,
+    guide: &dyn Guide,
+    query: &str,
+    k: usize,
+    budget_words: usize,
+) -> (Vec<Evidence>, Vec<serde_json::Value>) {
+    use std::collections::BTreeSet;
+    let rel = Relevance::new(view, embedder, query);
+    // Layer 0 in context; a cluster by its summary (none yet: not a candidate).
+    let score = |id: &str| -> Option<f32> {
+        if let Some(s) = rel.of(id) {
+            return Some(s);
+        }
+        let (text, emb) = view.clusters.get(id)?.summary.as_ref()?;
+        Some(rel.text(view, text, emb))
+    };
+    let text_of = |id: &str| -> Option<&str> {
+        match view.nodes.get(id) {
+            Some((n, _)) => Some(n.text.as_str()),
+            None => view.clusters.get(id)?.summary.as_ref().map(|s| s.0.as_str()),
+        }
+    };
+    let mut all: Vec<(f32, &str)> = view.nodes.keys().map(String::as_str).chain(view.clusters.keys().map(String::as_str))
+        .filter_map(|id| score(id).map(|s| (s, id)))
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    let seeds: BTreeSet<&str> = all.iter().take(k).map(|x| x.1).collect();
+    let mut trace = vec![json!({"step": "seed", "mode": "prune-and-grow", "seeds": seeds, "names": rel.names,
+                                "why": "top-k over all layers by relevance (cosine, BM25, named speakers, context)"})];
+    let mut candidates = seeds.clone();
+    let mut kept: BTreeSet<&str> = BTreeSet::new();
+    let mut by_model = false;
+    for round in 1..=5 {
+        let mut scored: Vec<(f32, &str)> = candidates.iter().filter_map(|id| score(id).map(|s| (s, *id))).collect();
+        let best = scored.iter().map(|x| x.0).fold(f32::MIN, f32::max);
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let shown: Vec<(f32, &str)> = scored.iter().take(SELECT_MAX).copied().collect();
+        let texts: Vec<String> = shown.iter().filter_map(|(_, id)| text_of(id).map(|t| clip(t, PROMPT_WORDS))).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        kept = match guide.select(query, &refs) {
+            Ok(Some(chosen)) => {
+                trace.push(json!({"step": "select", "round": round, "shown": shown.len(), "chosen": chosen.len(), "why": "the model's selection"}));
+                by_model = true;
+                chosen.iter().filter_map(|i| shown.get(*i)).map(|x| x.1).collect()
+            }
+            other => {
+                if let Err(e) = other {
+                    trace.push(json!({"step": "model-error", "round": round, "error": e, "why": "the similarity rule instead"}));
+                }
+                scored.iter().filter(|x| x.0 > 0.0 && x.0 >= 0.5 * best).map(|x| x.1).collect()
+            }
+        };
+        let mut grown = kept.clone();
+        for id in &kept {
+            if let Some(nbrs) = view.adjacency.get(*id) {
+                grown.extend(nbrs.keys().map(String::as_str));
+            }
+            if let Some(c) = view.clusters.get(*id) {
+                grown.extend(c.members.iter().map(String::as_str));
+            }
+        }
+        trace.push(json!({"step": "round", "round": round, "kept": kept, "grown": grown.len() - kept.len(),
+                          "why": "kept: within half of the best score; grown: same-layer neighbours and children"}));
+        if grown == candidates {
+            break;
+        }
+        candidates = grown;
+    }
+    if kept.is_empty() {
+        kept = seeds;
+    }
+    // The kept source text first, best first; then the kept summaries (what CAM's reader sees of a cluster); then
+    // the best remaining source text while budget is left.
+    let mut selected: Vec<(f32, &Node)> = kept.iter().filter_map(|id| view.nodes.get(*id).map(|(n, _)| (score(id).unwrap_or(f32::MIN), n))).collect();
+    selected.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let mut summaries: Vec<(f32, &str)> = kept.iter().filter(|id| view.clusters.contains_key(**id)).filter_map(|id| score(id).map(|s| (s, *id))).collect();
+    summaries.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_text(n).split_whitespace().count()).sum();
+    let mut summary_items = Vec::new();
+    let mut left = budget_words.saturating_sub(selected_words);
+    {
+        for (s, id) in summaries {
+            if left == 0 {
+                break;
+            }
+            let c = &view.clusters[id];
+            let Some((text, _)) = &c.summary else { continue };
+            let ws: Vec<&str> = text.split_whitespace().collect();
+            let take = ws.len().min(left);
+            left -= take;
+            trace.push(json!({"step": "keep", "id": id, "layer": c.layer, "score": s, "why": "a summary kept by prune-and-grow"}));
+            summary_items.push(Evidence {
+                id: id.to_string(), layer: c.layer, kind: NodeKind::Summary, text: ws[..take].join(" "), score: s,
+                source: json!({"cluster": id, "children": c.members.len()}),
+            });
+        }
+    }
+    let taken: BTreeSet<&str> = selected.iter().map(|x| x.1.id.as_str()).collect();
+    let ranked = selected
+        .into_iter()
+        .map(|(s, n)| (s, n, "selected by prune-and-grow"))
+        .chain(
+            // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
+            // the best of the rest fills the budget.
+            (!by_model)
+                .then(|| rel.ranked(view))
+                .into_iter()
+                .flatten()
+                .filter(|(_, n)| !taken.contains(n.id.as_str()))
+                .map(|(s, n)| (s, n, "relevance, to fill the budget")),
+        );
+    let source_budget = budget_words - summary_items.iter().map(|e| e.text.split_whitespace().count()).sum::<usize>();
+    let mut out = super::passages(view, ranked, source_budget, &mut trace);
+    out.extend(summary_items);
+    (out, trace)
+}
