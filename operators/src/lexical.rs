@@ -97,7 +97,12 @@ impl LexicalIndex {
 
     /// BM25 of every document that shares a term with the query (each distinct query term counted once).
     pub fn search(&self, query: &str) -> HashMap<&str, f32> {
-        let mut qs = terms(query);
+        self.search_terms(&terms(query))
+    }
+
+    /// [`Self::search`] for query terms already analysed (see [`terms`]).
+    pub fn search_terms(&self, query: &[String]) -> HashMap<&str, f32> {
+        let mut qs = query.to_vec();
         qs.sort();
         qs.dedup();
         let mut out: HashMap<&str, f32> = HashMap::new();
@@ -113,8 +118,8 @@ impl LexicalIndex {
     }
 
     /// BM25 of a text that is not in the index (a cluster's summary), against the index's statistics.
-    pub fn score_text(&self, query: &str, text: &str) -> f32 {
-        let mut qs = terms(query);
+    pub fn score_text(&self, query: &[String], text: &str) -> f32 {
+        let mut qs = query.to_vec();
         qs.sort();
         qs.dedup();
         let ts = terms(text);
@@ -177,7 +182,7 @@ mod tests {
         let mut ix = LexicalIndex::default();
         ix.insert("a", "chess club on friday");
         ix.insert("b", "football on sunday");
-        assert!(ix.score_text("chess", "They play chess") > 0.0);
-        assert_eq!(ix.score_text("chess", "They play cards"), 0.0);
+        assert!(ix.score_text(&terms("chess"), "They play chess") > 0.0);
+        assert_eq!(ix.score_text(&terms("chess"), "They play cards"), 0.0);
     }
 }

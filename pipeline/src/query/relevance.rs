@@ -5,7 +5,8 @@
 //! - **lexical**: BM25 over stemmed terms ([`operators::lexical`]), divided by the best BM25 — names, rare nouns and
 //!   inflections that an embedding blurs;
 //! - **named**: a turn whose speaker the question names gains [`NAME_WEIGHT`] ("What did Caroline research?" is
-//!   answered by what Caroline said, and her name is not in her own words).
+//!   answered by what Caroline said, and her name is not in her own words; the name leaves the lexical query, where
+//!   it would find the other speaker addressing her).
 //!
 //! A layer-0 node is then read in its **context**: it scores at least [`CONTEXT`] × the score of its neighbour in the
 //! document (the turn before or after it, the chunk beside it) — an answer follows its question.
@@ -25,7 +26,8 @@ pub const CONTEXT: f32 = 0.6;
 
 pub struct Relevance<'a> {
     pub query: Embedding,
-    text: String,
+    /// The question's lexical terms (stemmed; named speakers left out).
+    terms: Vec<String>,
     max_dense: f32,
     max_lexical: f32,
     /// Layer-0 node → its score in context.
@@ -46,9 +48,6 @@ impl<'a> Relevance<'a> {
 
     pub fn with_embedding(view: &'a SpaceView, query: Embedding, question: &str) -> Self {
         let dense: HashMap<&'a str, f32> = view.nodes.iter().map(|(id, (_, e))| (id.as_str(), query.dot(e))).collect();
-        let lexical = view.lexical.search(question);
-        let max_dense = norm(dense.values().copied().fold(0.0, f32::max));
-        let max_lexical = norm(lexical.values().copied().fold(0.0, f32::max));
         let asked: HashSet<String> = operators::embed::words(question).into_iter().collect();
         let mut speakers: Vec<&'a str> = view.nodes.values().filter_map(|(n, _)| n.speaker.as_deref()).collect::<HashSet<_>>().into_iter().collect();
         speakers.sort_unstable();
@@ -59,6 +58,13 @@ impl<'a> Relevance<'a> {
                 !ws.is_empty() && ws.iter().all(|w| asked.contains(w))
             })
             .collect();
+        // A named speaker counts through the turns they said, not through the turns that say their name (mostly
+        // the other speaker, addressing them): the names leave the lexical query.
+        let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
+        let terms: Vec<String> = operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
+        let lexical = view.lexical.search_terms(&terms);
+        let max_dense = norm(dense.values().copied().fold(0.0, f32::max));
+        let max_lexical = norm(lexical.values().copied().fold(0.0, f32::max));
         let own: HashMap<&'a str, f32> = view
             .nodes
             .iter()
@@ -79,7 +85,7 @@ impl<'a> Relevance<'a> {
                 (id.as_str(), mine.max(CONTEXT * ctx))
             })
             .collect();
-        Relevance { query, text: question.to_string(), max_dense, max_lexical, scores, names }
+        Relevance { query, terms, max_dense, max_lexical, scores, names }
     }
 
     /// A layer-0 node's score in context (`None` for an id that is not a live node).
@@ -90,7 +96,7 @@ impl<'a> Relevance<'a> {
     /// A text outside layer 0 (a cluster's summary, an event's): its cosine and its BM25 against layer 0's
     /// statistics, normalised as layer 0's are.
     pub fn text(&self, view: &SpaceView, text: &str, emb: &Embedding) -> f32 {
-        self.query.dot(emb) / self.max_dense + LEXICAL_WEIGHT * view.lexical.score_text(&self.text, text) / self.max_lexical
+        self.query.dot(emb) / self.max_dense + LEXICAL_WEIGHT * view.lexical.score_text(&self.terms, text) / self.max_lexical
     }
 
     /// An embedding alone (no text to match), normalised as layer 0's cosines are.
