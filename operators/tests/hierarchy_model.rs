@@ -183,14 +183,15 @@ fn check(name: &str, got: &[BTreeSet<Row>], want: &[BTreeSet<Row>]) {
     }
 }
 
-fn params() -> HierarchyParams {
-    HierarchyParams { max_layers: 4, max_cluster_size: 6, lpa_rounds: 5 }
+/// `min_shrink`: 0.1 (the default) or 0 (CAM's bare stop rule); each test runs one.
+fn params(min_shrink: f64) -> HierarchyParams {
+    HierarchyParams { max_layers: 4, max_cluster_size: 6, lpa_rounds: 5, min_shrink }
 }
 
 #[test]
 fn dataflow_equals_sequential_with_1_and_3_workers() {
     let batches = workload(5, 16, 40);
-    let p = params();
+    let p = params(0.0);
     let want = reference(&batches, &p);
     let layers: BTreeSet<u32> = want.last().unwrap().iter().map(|r| r.1).collect();
     assert!(layers.len() >= 2, "the workload must build at least two layers: {layers:?}");
@@ -201,9 +202,21 @@ fn dataflow_equals_sequential_with_1_and_3_workers() {
 #[test]
 fn incremental_equals_from_scratch() {
     let batches = workload(9, 12, 40);
-    let p = params();
+    let p = params(0.1);
     let incremental = run_dataflow(&batches, &p, 2);
     let scratch = run_dataflow(&[batches.concat()], &p, 2);
     assert_eq!(incremental.last(), scratch.last());
     assert_eq!(incremental.last(), reference(&batches, &p).last());
+}
+
+#[test]
+fn a_stop_margin_drops_the_layers_it_should_incrementally() {
+    // A margin that cuts layers CAM's bare rule keeps: the dataflow drops exactly those, batch after batch.
+    let batches = workload(5, 16, 40);
+    let p = params(0.3);
+    let want = reference(&batches, &p);
+    let bare = reference(&batches, &params(0.0));
+    assert!(want.iter().zip(&bare).any(|(a, b)| a.len() < b.len()), "the margin must drop some layer");
+    assert!(want.iter().zip(&bare).all(|(a, b)| a.is_subset(b)), "the margin keeps a prefix of CAM's layers");
+    check("1 worker", &run_dataflow(&batches, &p, 1), &want);
 }

@@ -24,7 +24,7 @@ fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((S
             let (ni, nodes) = scope.new_collection::<(String, String), isize>();
             let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
             let (si, sums) = scope.new_collection::<((String, String), String), isize>();
-            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers: 3, max_cluster_size: 12, lpa_rounds: 6 });
+            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers: 3, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 });
             let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
             sm.texts.inner.capture_into(ts);
             let req_tx = Mutex::new(req_tx);

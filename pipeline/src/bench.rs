@@ -579,7 +579,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
             let topics = (size as u64 / 25).max(1);
             let lead = worker.index() == 0;
             let mine = |start: usize, n: usize| if lead { synthetic(start, n, topics) } else { Vec::new() };
-            let (rebuild, rebuild_calls, _) = run(vec![mine(0, size)], 0, worker);
+            let (rebuild, rebuild_calls, rebuild_by_layer) = run(vec![mine(0, size)], 0, worker);
             let mut next = size;
             for &b in &batches {
                 let (secs, calls, by_layer) = run(vec![mine(next, b)], 0, worker);
@@ -590,6 +590,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                         "rebuild_seconds": rebuild, "speedup": rebuild / secs,
                         "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / b as f64,
                         "rebuild_summary_calls": rebuild_calls, "summary_calls_by_layer": by_layer,
+                        "rebuild_summary_calls_by_layer": rebuild_by_layer,
                         "workers": worker.peers(),
                     }))
                     .expect("send");
@@ -618,7 +619,12 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     for r in guards.join() {
         r.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
     }
+    let mut shown = std::collections::BTreeSet::new();
     for p in rx.try_iter() {
+        if !json && shown.insert(p["memory_chunks"].to_string()) && p["bench"] == "hierarchy" {
+            // The rebuild summarises every cluster once: its calls by layer are the hierarchy's shape.
+            println!("memory={:<7} rebuild: clusters by layer {}", p["memory_chunks"], p["rebuild_summary_calls_by_layer"]);
+        }
         if json {
             println!("{p}");
         } else if p["bench"] == "hierarchy-stream" {

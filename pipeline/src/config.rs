@@ -91,6 +91,7 @@ pub struct HierarchyConfig {
     pub max_layers: usize,
     pub max_cluster_size: usize,
     pub lpa_rounds: usize,
+    pub min_shrink: f64,
     /// A cluster is summarised once its membership has been unchanged this long.
     #[serde(with = "humantime_serde")]
     pub summary_debounce: Duration,
@@ -104,6 +105,7 @@ impl HierarchyConfig {
             max_layers: self.max_layers,
             max_cluster_size: self.max_cluster_size,
             lpa_rounds: self.lpa_rounds,
+            min_shrink: self.min_shrink,
         }
     }
 }

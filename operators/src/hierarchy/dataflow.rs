@@ -40,10 +40,14 @@ where
     for layer in 1..=params.max_layers as u32 {
         let clusters = cluster_layer(layer, nodes.clone(), edges.clone(), params);
         let (next_nodes, next_edges) = next_layer(edges.clone(), clusters.clone());
-        // CAM's stop rule, per space: a layer that does not shrink ends the hierarchy.
+        // CAM's stop rule, per space: a layer that does not shrink (by `min-shrink`) ends the hierarchy.
         let below = nodes.map(|(s, _)| s).count();
         let above = next_nodes.clone().map(|(s, _)| s).count();
-        let shrinks = below.join_map(above, |s, b, a| (s.clone(), a < b)).filter(|(_, ok)| *ok).map(|(s, _)| s);
+        let p = params.clone();
+        let shrinks = below
+            .join_map(above, move |s, b, a| (s.clone(), p.keeps(*b as usize, *a as usize)))
+            .filter(|(_, ok)| *ok)
+            .map(|(s, _)| s);
         let clusters = clusters
             .map(|((s, c), m)| (s, (c, m)))
             .semijoin(shrinks.clone())

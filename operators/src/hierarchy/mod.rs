@@ -20,7 +20,8 @@
 //!    of its members ([`cluster_id`]), so identical member sets are one cluster.
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
 //!    joins them (weight: the number of such links). The hierarchy stops at `max-layers`, or at the first layer
-//!    that does not shrink (its clusters are dropped), per space.
+//!    that does not shrink by `min-shrink` of the layer below (its clusters are dropped), per space
+//!    ([`HierarchyParams::keeps`]; `min-shrink = 0` is CAM's rule).
 
 pub mod dataflow;
 pub mod reference;
@@ -38,15 +39,26 @@ pub struct HierarchyParams {
     pub max_cluster_size: usize,
     /// Rounds of label propagation per layer.
     pub lpa_rounds: usize,
+    /// A layer is kept only when it has fewer nodes than the layer below by at least this share of them; else the
+    /// hierarchy ends there. 0 is CAM's rule (any shrink).
+    pub min_shrink: f64,
 }
 
 impl Default for HierarchyParams {
     fn default() -> Self {
-        HierarchyParams { max_layers: 10, max_cluster_size: 12, lpa_rounds: 20 }
+        HierarchyParams { max_layers: 10, max_cluster_size: 12, lpa_rounds: 20, min_shrink: 0.1 }
     }
 }
 
 impl HierarchyParams {
+    /// CAM's stop rule, with a margin: whether a layer of `above` nodes over a layer of `below` is kept. A layer that
+    /// barely shrinks (its clusters nearly all single members) is all but a copy of the one below; under CAM's bare
+    /// rule such a top layer appears and vanishes whole as single nodes come and go — and every cluster of it is a
+    /// summary call each time it comes back.
+    pub fn keeps(&self, below: usize, above: usize) -> bool {
+        above < below && (below - above) as f64 >= self.min_shrink * below as f64
+    }
+
     pub fn validate(&self) -> Vec<String> {
         let mut errs = Vec::new();
         if !(1..=32).contains(&self.max_layers) {
@@ -54,6 +66,9 @@ impl HierarchyParams {
         }
         if self.max_cluster_size < 2 {
             errs.push(format!("hierarchy.max-cluster-size = {} must be at least 2", self.max_cluster_size));
+        }
+        if !(0.0..1.0).contains(&self.min_shrink) {
+            errs.push(format!("hierarchy.min-shrink = {} must be in [0, 1)", self.min_shrink));
         }
         if !(1..=100).contains(&self.lpa_rounds) {
             errs.push(format!("hierarchy.lpa-rounds = {} must be in 1..=100", self.lpa_rounds));
@@ -188,6 +203,17 @@ pub fn ego_components<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stop_rule_keeps_a_layer_that_shrinks_enough() {
+        let cam = HierarchyParams { min_shrink: 0.0, ..HierarchyParams::default() };
+        assert!(cam.keeps(82, 81) && !cam.keeps(82, 82) && !cam.keeps(0, 0));
+        let p = HierarchyParams::default();
+        assert!(!p.keeps(82, 81) && !p.keeps(100, 91) && p.keeps(100, 90) && p.keeps(2048, 384));
+        assert!(!HierarchyParams { min_shrink: 1.0, ..p.clone() }.validate().is_empty());
+        assert!(!HierarchyParams { min_shrink: -0.1, ..p.clone() }.validate().is_empty());
+        assert!(p.validate().is_empty());
+    }
 
     #[test]
     fn ego_components_name_by_smallest_member() {

@@ -22,7 +22,7 @@ pub fn build(layer0: &Graph, params: &HierarchyParams) -> Vec<Clusters> {
     for layer in 1..=params.max_layers as u32 {
         let clusters = cluster_layer(layer, &graph, params);
         let next = next_layer(&graph, &clusters);
-        if next.nodes.len() >= graph.nodes.len() {
+        if !params.keeps(graph.nodes.len(), next.nodes.len()) {
             break;
         }
         out.push(clusters);
