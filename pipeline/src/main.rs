@@ -105,9 +105,12 @@ struct RunArgs {
     /// Admin address (/metrics, /healthz).
     #[arg(long)]
     admin: Option<SocketAddr>,
-    /// Once the --input files are ingested, answer `SPACE:QUESTION` (flat mode) and print the response (repeatable).
+    /// Once the --input files are ingested, answer `SPACE:QUESTION` and print the response (repeatable).
     #[arg(long = "ask", value_name = "SPACE:QUESTION")]
     asks: Vec<String>,
+    /// The retrieval mode of the --ask answers: flat | prune-and-grow | compass.
+    #[arg(long = "ask-mode", default_value = "flat")]
+    ask_mode: String,
     /// Exit after the --ask answers are printed, instead of serving.
     #[arg(long)]
     once: bool,
@@ -179,6 +182,8 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for ask in &args.asks {
         anyhow::ensure!(ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()), "--ask {ask:?}: expected SPACE:QUESTION");
     }
+    let ask_mode: engram::query::Mode = serde_json::from_value(serde_json::json!(args.ask_mode))
+        .map_err(|_| anyhow::anyhow!("--ask-mode {:?}: expected flat, prune-and-grow or compass", args.ask_mode))?;
     anyhow::ensure!(!args.once || !args.follow, "--once and --follow contradict each other: a followed file never ends");
     let place = engine::Place { process: args.timely.process, processes: args.timely.processes };
     let serving = place.leads();
@@ -262,7 +267,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             });
             // Stops on a signal, or once the --ask answers are out with --once.
             let after_asks = async move {
-                if !answer_asks(shared_for_asks, asks, once).await {
+                if !answer_asks(shared_for_asks, asks, ask_mode, once).await {
                     std::future::pending::<()>().await;
                 }
             };
@@ -315,7 +320,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Waits until the --input files are in the views, prints each --ask answer, and returns whether to stop (--once).
-async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, once: bool) -> bool {
+async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, mode: engram::query::Mode, once: bool) -> bool {
     if asks.is_empty() && !once {
         return false;
     }
@@ -333,7 +338,7 @@ async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, once: bo
         let (space, question) = ask.split_once(':').expect("checked at start");
         let req = engram::query::QueryRequest {
             query: question.trim().to_string(),
-            mode: engram::query::Mode::Flat,
+            mode,
             budget_words: None,
             k: Some(3),
             answer: None,
