@@ -53,6 +53,41 @@ fn bad_eval_data_and_bad_asks_are_clear_errors() {
 }
 
 #[test]
+fn ask_mode_answers_with_a_structured_mode() {
+    // The bundled news example: flat (cosine alone) ranks a passage about the fishing cooperative first; compass
+    // ranks by cosine, BM25 and context together and puts the sea wall's cost first.
+    let news = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/news.jsonl");
+    let ask = |mode: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = crate::common::engram()
+            .args(["run", "--once", "--input", news, "--ask", "news:How much will the sea wall cost?", "--ask-mode", mode])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v
+    };
+    let flat = ask("flat");
+    assert_eq!(flat["trace"][0]["mode"], "flat");
+    let compass = ask("compass");
+    assert_eq!(compass["trace"][0]["step"], "plan", "{compass}");
+    let first = compass["evidence"][0]["text"].as_str().unwrap();
+    assert!(first.contains("26.2 million pounds"), "{compass}");
+    assert_ne!(flat["evidence"][0]["id"], compass["evidence"][0]["id"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::common::engram()
+        .args(["run", "--once", "--ask", "news:x", "--ask-mode", "nope", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ask-mode \"nope\""), "{out:?}");
+}
+
+#[test]
 fn eval_qmsum_reports_recall_of_relevant_spans() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("qmsum.json");
