@@ -19,6 +19,24 @@ pub fn terms(text: &str) -> Vec<String> {
     STEMMER.with(|s| words(text).into_iter().filter(|w| !is_stop(w)).map(|w| s.stem(&w).into_owned()).collect())
 }
 
+/// A text's terms counted: what BM25 needs of a text outside the index (a summary), computed once.
+#[derive(Default, Clone, Debug)]
+pub struct TermCounts {
+    tf: HashMap<String, u32>,
+    len: u32,
+}
+
+impl TermCounts {
+    pub fn of(text: &str) -> Self {
+        let ts = terms(text);
+        let mut tf: HashMap<String, u32> = HashMap::new();
+        for t in &ts {
+            *tf.entry(t.clone()).or_default() += 1;
+        }
+        TermCounts { tf, len: ts.len() as u32 }
+    }
+}
+
 /// BM25's term-frequency saturation and length normalisation (the usual defaults).
 pub const K1: f32 = 1.2;
 pub const B: f32 = 0.75;
@@ -119,16 +137,16 @@ impl LexicalIndex {
 
     /// BM25 of a text that is not in the index (a cluster's summary), against the index's statistics.
     pub fn score_text(&self, query: &[String], text: &str) -> f32 {
+        self.score_counts(query, &TermCounts::of(text))
+    }
+
+    /// [`Self::score_text`] for a text whose terms are already counted.
+    pub fn score_counts(&self, query: &[String], text: &TermCounts) -> f32 {
         let mut qs = query.to_vec();
         qs.sort();
         qs.dedup();
-        let ts = terms(text);
-        let len = ts.len() as f32;
         qs.iter()
-            .map(|q| {
-                let f = ts.iter().filter(|t| *t == q).count() as f32;
-                if f > 0.0 { self.idf(q) * self.weight(f, len) } else { 0.0 }
-            })
+            .filter_map(|q| text.tf.get(q).map(|f| self.idf(q) * self.weight(*f as f32, text.len as f32)))
             .sum()
     }
 }

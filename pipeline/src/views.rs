@@ -40,6 +40,8 @@ pub struct ClusterView {
     pub layer: u32,
     pub members: BTreeSet<String>,
     pub summary: Option<(String, Embedding)>,
+    /// The summary's terms, counted once for retrieval's BM25.
+    pub summary_terms: operators::lexical::TermCounts,
 }
 
 #[derive(Default, Clone)]
@@ -213,10 +215,12 @@ impl Views {
                         let emb = embed(&text);
                         let cv = view.clusters.entry(c).or_default();
                         cv.layer = layer;
+                        cv.summary_terms = operators::lexical::TermCounts::of(&text);
                         cv.summary = Some((text, emb));
                     } else if let Some(cv) = view.clusters.get_mut(&c) {
                         if cv.summary.as_ref().is_some_and(|(t, _)| *t == text) {
                             cv.summary = None;
+                            cv.summary_terms = Default::default();
                         }
                         if cv.members.is_empty() && cv.summary.is_none() {
                             view.clusters.remove(&c);

@@ -30,8 +30,7 @@ pub fn prune_and_grow(
         if let Some(s) = rel.of(id) {
             return Some(s);
         }
-        let (text, emb) = view.clusters.get(id)?.summary.as_ref()?;
-        Some(rel.text(view, text, emb))
+        rel.cluster(view, view.clusters.get(id)?)
     };
     let text_of = |id: &str| -> Option<&str> {
         match view.nodes.get(id) {

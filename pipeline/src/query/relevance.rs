@@ -93,10 +93,11 @@ impl<'a> Relevance<'a> {
         self.scores.get(id).copied()
     }
 
-    /// A text outside layer 0 (a cluster's summary, an event's): its cosine and its BM25 against layer 0's
+    /// A cluster by its summary (`None` before it has one): the summary's cosine and its BM25 against layer 0's
     /// statistics, normalised as layer 0's are.
-    pub fn text(&self, view: &SpaceView, text: &str, emb: &Embedding) -> f32 {
-        self.query.dot(emb) / self.max_dense + LEXICAL_WEIGHT * view.lexical.score_text(&self.terms, text) / self.max_lexical
+    pub fn cluster(&self, view: &SpaceView, c: &crate::views::ClusterView) -> Option<f32> {
+        let (_, emb) = c.summary.as_ref()?;
+        Some(self.query.dot(emb) / self.max_dense + LEXICAL_WEIGHT * view.lexical.score_counts(&self.terms, &c.summary_terms) / self.max_lexical)
     }
 
     /// An embedding alone (no text to match), normalised as layer 0's cosines are.
