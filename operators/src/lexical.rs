@@ -37,6 +37,14 @@ impl TermCounts {
     }
 }
 
+/// A query's terms, each once (a repeated query term counts once in BM25).
+fn distinct(query: &[String]) -> Vec<&String> {
+    let mut qs: Vec<&String> = query.iter().collect();
+    qs.sort();
+    qs.dedup();
+    qs
+}
+
 /// BM25's term-frequency saturation and length normalisation (the usual defaults).
 pub const K1: f32 = 1.2;
 pub const B: f32 = 0.75;
@@ -62,18 +70,14 @@ impl LexicalIndex {
 
     pub fn insert(&mut self, id: &str, text: &str) {
         self.remove(id);
-        let ts = terms(text);
-        let mut tf: HashMap<String, u32> = HashMap::new();
-        for t in &ts {
-            *tf.entry(t.clone()).or_default() += 1;
-        }
-        let mut distinct: Vec<String> = Vec::with_capacity(tf.len());
-        for (t, f) in tf {
+        let counts = TermCounts::of(text);
+        let mut distinct: Vec<String> = Vec::with_capacity(counts.tf.len());
+        for (t, f) in counts.tf {
             self.postings.entry(t.clone()).or_default().insert(id.to_string(), f);
             distinct.push(t);
         }
-        self.total_len += ts.len() as u64;
-        self.docs.insert(id.to_string(), (ts.len() as u32, distinct));
+        self.total_len += u64::from(counts.len);
+        self.docs.insert(id.to_string(), (counts.len, distinct));
     }
 
     pub fn remove(&mut self, id: &str) {
@@ -120,11 +124,8 @@ impl LexicalIndex {
 
     /// [`Self::search`] for query terms already analysed (see [`terms`]).
     pub fn search_terms(&self, query: &[String]) -> HashMap<&str, f32> {
-        let mut qs = query.to_vec();
-        qs.sort();
-        qs.dedup();
         let mut out: HashMap<&str, f32> = HashMap::new();
-        for t in &qs {
+        for t in distinct(query) {
             let Some(p) = self.postings.get(t) else { continue };
             let idf = self.idf(t);
             for (id, f) in p {
@@ -142,10 +143,8 @@ impl LexicalIndex {
 
     /// [`Self::score_text`] for a text whose terms are already counted.
     pub fn score_counts(&self, query: &[String], text: &TermCounts) -> f32 {
-        let mut qs = query.to_vec();
-        qs.sort();
-        qs.dedup();
-        qs.iter()
+        distinct(query)
+            .into_iter()
             .filter_map(|q| text.tf.get(q).map(|f| self.idf(q) * self.weight(*f as f32, text.len as f32)))
             .sum()
     }

@@ -413,6 +413,10 @@ mod tests {
         assert!(e.contains("epoch-interval"), "{e}");
         let e = load(Some("listen = 12\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("listen"), "{e}");
+        let e = load(None, &[("ENGRAM__HIERARCHY__MIN_SHRINK", "1.5")]).unwrap_err().to_string();
+        assert!(e.contains("hierarchy.min-shrink"), "{e}");
+        let e = load(Some("[hierarchy]\nmin-shrink = \"some\"\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("min-shrink"), "{e}");
         let e = load(Some("this is not toml ["), &[]).unwrap_err().to_string();
         assert!(e.contains("TOML") || e.contains("expected"), "{e}");
     }

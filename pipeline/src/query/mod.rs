@@ -138,6 +138,11 @@ fn evidence_text(n: &Node) -> String {
     }
 }
 
+/// The words of [`evidence_text`], without building it.
+fn evidence_words(n: &Node) -> usize {
+    n.speaker.as_deref().map_or(0, |sp| sp.split_whitespace().count()) + n.text.split_whitespace().count()
+}
+
 /// The Responder's reading: layer-0 nodes taken in rank order until the word budget is spent (a turn counts with
 /// its speaker's name), then consecutive ones of one document merged into one passage, best passage first, the last
 /// cut at the budget. `why` says, per node, why it was taken (for the trace).
@@ -153,7 +158,7 @@ fn passages<'a>(
         if words >= budget_words {
             break;
         }
-        words += evidence_text(n).split_whitespace().count();
+        words += evidence_words(n);
         chosen.push((s, n, why));
     }
     chosen.sort_by(|a, b| (a.1.doc.as_str(), a.1.pos).cmp(&(b.1.doc.as_str(), b.1.pos)));

@@ -93,25 +93,23 @@ pub fn prune_and_grow(
     selected.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     let mut summaries: Vec<(f32, &str)> = kept.iter().filter(|id| view.clusters.contains_key(**id)).filter_map(|id| score(id).map(|s| (s, *id))).collect();
     summaries.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-    let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_text(n).split_whitespace().count()).sum();
+    let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_words(n)).sum();
     let mut summary_items = Vec::new();
     let mut left = budget_words.saturating_sub(selected_words);
-    {
-        for (s, id) in summaries {
-            if left == 0 {
-                break;
-            }
-            let c = &view.clusters[id];
-            let Some((text, _)) = &c.summary else { continue };
-            let ws: Vec<&str> = text.split_whitespace().collect();
-            let take = ws.len().min(left);
-            left -= take;
-            trace.push(json!({"step": "keep", "id": id, "layer": c.layer, "score": s, "why": "a summary kept by prune-and-grow"}));
-            summary_items.push(Evidence {
-                id: id.to_string(), layer: c.layer, kind: NodeKind::Summary, text: ws[..take].join(" "), score: s,
-                source: json!({"cluster": id, "children": c.members.len()}),
-            });
+    for (s, id) in summaries {
+        if left == 0 {
+            break;
         }
+        let c = &view.clusters[id];
+        let Some((text, _)) = &c.summary else { continue };
+        let ws: Vec<&str> = text.split_whitespace().collect();
+        let take = ws.len().min(left);
+        left -= take;
+        trace.push(json!({"step": "keep", "id": id, "layer": c.layer, "score": s, "why": "a summary kept by prune-and-grow"}));
+        summary_items.push(Evidence {
+            id: id.to_string(), layer: c.layer, kind: NodeKind::Summary, text: ws[..take].join(" "), score: s,
+            source: json!({"cluster": id, "children": c.members.len()}),
+        });
     }
     let taken: BTreeSet<&str> = selected.iter().map(|x| x.1.id.as_str()).collect();
     let ranked = selected
