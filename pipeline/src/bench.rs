@@ -703,6 +703,20 @@ impl OperatorProfile {
         for (id, d) in busy.iter().take(15) {
             eprintln!("  {:>8.3}s  {:>4}  {}", d.as_secs_f64(), id, st.names.get(id).map_or("?", String::as_str));
         }
+        {
+            // Busy time per stretch of operators between two EgoNetworks (one hierarchy layer each).
+            let mut ids: Vec<usize> = st.names.keys().copied().collect();
+            ids.sort();
+            let mut seg = 0;
+            let mut segs: Vec<f64> = vec![0.0];
+            let busy_map: std::collections::HashMap<usize, Duration> = busy.iter().copied().collect();
+            for id in ids {
+                if id == 0 { continue; }
+                if st.names[&id].starts_with("EgoNetworks") { seg += 1; segs.push(0.0); }
+                segs[seg] += busy_map.get(&id).map_or(0.0, Duration::as_secs_f64);
+            }
+            eprintln!("  by layer stretch: {:?}", segs.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+        }
         let mut by_name: std::collections::HashMap<&str, (Duration, usize)> = Default::default();
         for (id, d) in &busy {
             let name = st.names.get(id).map_or("?", |n| n.split('[').next().unwrap_or("?"));

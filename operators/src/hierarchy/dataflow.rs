@@ -12,7 +12,7 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
-use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
+use super::{active, anchors, cluster_id, ego_components, next_label, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -114,18 +114,20 @@ where
     }
     let max = params.max_cluster_size;
     labels
-        .map(|((s, r), l)| ((s, l), r.0))
-        .reduce(move |_k: &(String, Replica), members: &[(&String, isize)], out: &mut Vec<((String, String), isize)>| {
-            let ms: Vec<&str> = members.iter().map(|(m, _)| m.as_str()).collect();
-            for part in parts(&ms, max) {
-                let id = cluster_id(layer, part.iter().copied());
-                for m in part {
-                    out.push(((id.clone(), m.to_string()), 1));
-                }
+        .map(|((s, r), l)| ((s, l), r))
+        .reduce(move |_k: &(String, Replica), reps: &[(&Replica, isize)], out: &mut Vec<((Vec<String>, Replica), isize)>| {
+            let reps: Vec<&Replica> = reps.iter().map(|(r, _)| *r).collect();
+            for (anchor, part) in anchors(&reps, max) {
+                out.push(((part.into_iter().map(str::to_string).collect(), anchor.clone()), 1));
             }
         })
-        .map(|((s, _l), (c, m))| ((s, c), m))
-        .distinct()
+        // Identical member sets (from different labels) are one cluster, named by the smaller anchor.
+        .map(|((s, _l), (members, anchor))| ((s, members), anchor))
+        .reduce(|_k, anchors: &[(&Replica, isize)], out: &mut Vec<(Replica, isize)>| out.push((anchors[0].0.clone(), 1)))
+        .flat_map(move |((s, members), anchor)| {
+            let id = cluster_id(layer, &anchor);
+            members.into_iter().map(move |m| ((s.clone(), id.clone()), m))
+        })
 }
 
 /// The ego networks of one layer: `((space, v, a), c)` for every node `v` and neighbour `a`, `c` naming the

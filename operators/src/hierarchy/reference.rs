@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{active, cluster_id, ego_components, next_label, parts, HierarchyParams, Replica};
+use super::{active, anchors, cluster_id, ego_components, next_label, HierarchyParams, Replica};
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -75,19 +75,24 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
         }
         labels = next;
     }
-    let mut by_label: BTreeMap<&Replica, BTreeSet<&str>> = BTreeMap::new();
+    let mut by_label: BTreeMap<&Replica, Vec<&Replica>> = BTreeMap::new();
     for (r, l) in &labels {
-        by_label.entry(l).or_default().insert(&r.0);
+        by_label.entry(l).or_default().push(r);
     }
-    let mut clusters = Clusters::new();
-    for members in by_label.into_values() {
-        let ms: Vec<&str> = members.into_iter().collect();
-        for part in parts(&ms, params.max_cluster_size) {
-            let id = cluster_id(layer, part.iter().copied());
-            clusters.entry(id).or_default().extend(part.iter().map(|m| m.to_string()));
+    // Member set → smallest anchor: identical member sets are one cluster.
+    let mut named: BTreeMap<Vec<&str>, &Replica> = BTreeMap::new();
+    for replicas in by_label.into_values() {
+        for (anchor, part) in anchors(&replicas, params.max_cluster_size) {
+            let a = named.entry(part).or_insert(anchor);
+            if anchor < *a {
+                *a = anchor;
+            }
         }
     }
-    clusters
+    named
+        .into_iter()
+        .map(|(members, anchor)| (cluster_id(layer, anchor), members.into_iter().map(str::to_string).collect()))
+        .collect()
 }
 
 /// The graph of the next layer: clusters linked by shared members and by edges between their members.
@@ -120,4 +125,38 @@ pub fn next_layer(g: &Graph, clusters: &Clusters) -> Graph {
         }
     }
     Graph { nodes: clusters.keys().cloned().collect(), edges }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(edges: &[(&str, &str)], extra: &[&str]) -> Graph {
+        let mut g = Graph::default();
+        for (u, v) in edges {
+            g.nodes.insert(u.to_string());
+            g.nodes.insert(v.to_string());
+            let k = if u < v { (u.to_string(), v.to_string()) } else { (v.to_string(), u.to_string()) };
+            g.edges.insert(k, 1);
+        }
+        g.nodes.extend(extra.iter().map(|n| n.to_string()));
+        g
+    }
+
+    #[test]
+    fn a_cluster_keeps_its_id_while_its_smallest_member_stays() {
+        let p = HierarchyParams::default();
+        let clique = |ns: &[&'static str]| -> Vec<(&'static str, &'static str)> {
+            ns.iter().enumerate().flat_map(|(i, a)| ns[i + 1..].iter().map(move |b| (*a, *b))).collect()
+        };
+        let before = cluster_layer(1, &graph(&clique(&["b", "c", "d", "e"]), &["z"]), &p);
+        let after = cluster_layer(1, &graph(&clique(&["b", "c", "d", "e", "f"]), &["z"]), &p);
+        let id = |cs: &Clusters, m: &str| cs.iter().find(|(_, ms)| ms.contains(m)).map(|(c, _)| c.clone()).unwrap();
+        assert_eq!(before.len(), 2, "{before:?}");
+        assert_eq!(after[&id(&after, "b")].len(), 5, "{after:?}");
+        assert_eq!(id(&before, "b"), id(&after, "b"), "a new member larger than the smallest keeps the id");
+        assert_eq!(id(&before, "z"), id(&after, "z"), "an untouched cluster keeps its id");
+        let smaller = cluster_layer(1, &graph(&clique(&["a", "b", "c", "d", "e"]), &["z"]), &p);
+        assert_ne!(id(&before, "b"), id(&smaller, "b"), "a new smallest member renames the cluster");
+    }
 }
