@@ -3,7 +3,7 @@
 //! Label propagation is unrolled into `lpa-rounds` join/reduce rounds and the layers into `max-layers` stages; each
 //! is incremental on its own.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::VecCollection;
@@ -12,7 +12,7 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
-use super::{active, anchors, cluster_id, ego_components, next_label, HierarchyParams, Replica};
+use super::{active, anchors, cluster_id, ego_components, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -94,24 +94,7 @@ where
         .antijoin(with_edges)
         .map(|((s, v), ())| (s, (v, String::new())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
-    let radj = radj.arrange_by_key();
-    let mut labels = replicas.map(|(s, r)| ((s, r.clone()), r));
-    for round in 0..params.lpa_rounds {
-        let lab = labels.arrange_by_key();
-        // Neighbours' votes, the edge weight moved into the difference so that the votes for one label consolidate
-        // into one row per (replica, label) — the reduce arranges its input for every round, and per-edge rows
-        // were most of the memory — and each replica's own label (flagged) so that the reduce knows it.
-        let votes = radj
-            .clone()
-            .join_core(lab.clone(), |(s, _x), (y, w), l| Some(((s.clone(), y.clone()), (l.clone(), *w))))
-            .explode(|(k, (l, w))| Some(((k, (l, false)), isize::try_from(w).unwrap_or(isize::MAX))))
-            .concat(lab.as_collection(|k, l| (k.clone(), (l.clone(), true))));
-        labels = votes.reduce(move |(_s, x), vals: &[(&(Replica, bool), isize)], out: &mut Vec<(Replica, isize)>| {
-            let own = &vals.iter().find(|(v, _)| v.1).expect("every replica votes for its own label").0 .0;
-            let neighbours = vals.iter().filter(|(v, _)| !v.1).map(|((l, _), d)| (l, (*d).max(0) as u128));
-            out.push((next_label(own, neighbours, active(x, round)).clone(), 1));
-        });
-    }
+    let labels = label_propagation(replicas, radj, params.lpa_rounds);
     let max = params.max_cluster_size;
     labels
         .map(|((s, r), l)| ((s, l), r))
@@ -148,8 +131,13 @@ where
     per_space_in_time_order(edges, "EgoNetworks", |(s, _, _, _)| s, move |space, rows| {
         let mut out = Vec::new();
         let (adj, emitted) = spaces.entry(space.to_string()).or_default();
-        let mut touched: BTreeSet<(String, String)> = BTreeSet::new();
+        // Whether each pair was linked before this epoch: a change of weight alone (the old weight retracted, the new
+        // one inserted) leaves every ego network as it was.
+        let mut linked_before: BTreeMap<(String, String), bool> = BTreeMap::new();
         for ((_, u, v, _w), d) in rows {
+            linked_before
+                .entry((u.clone(), v.clone()))
+                .or_insert_with(|| adj.get(&u).is_some_and(|n| n.contains_key(&v)));
             for (a, b) in [(&u, &v), (&v, &u)] {
                 let nbrs = adj.entry(a.clone()).or_default();
                 let n = nbrs.entry(b.clone()).or_default();
@@ -161,8 +149,12 @@ where
                     adj.remove(a);
                 }
             }
-            touched.insert((u, v));
         }
+        let touched: Vec<(String, String)> = linked_before
+            .into_iter()
+            .filter(|((u, v), was)| adj.get(u).is_some_and(|n| n.contains_key(v)) != *was)
+            .map(|(k, _)| k)
+            .collect();
         // Endpoints, and the nodes adjacent to both ends of a changed edge (a common neighbour before but not after
         // has lost an edge to one end, so it is an endpoint itself).
         let mut affected: BTreeSet<&str> = BTreeSet::new();
@@ -209,6 +201,166 @@ where
         }
         out
     })
+}
+
+/// Label propagation over one layer's replica graph, as a stateful operator per space: it keeps the replica graph
+/// and, each epoch, runs every round afresh over the connected components of the graph that the epoch's changes
+/// touch (labels never cross components, so the others keep theirs), emitting the difference from the labels it
+/// emitted before. Unrolled into `rounds` join + reduce rounds of differential dataflow, the same computation kept
+/// 20 arrangements of labels and votes per layer, and an insert changed labels in most replicas of the dense upper
+/// layers anyway — where each changed vote re-ran a reduce over the replica's history. Here a component's rounds
+/// run over integer indices (replicas sorted, so an index order is the replica order that breaks ties).
+///
+/// Input: replicas `(space, r)` and directed replica edges `((space, x), (y, weight))`, both directions. Output
+/// `((space, r), label)`, as [`super::reference::cluster_layer`] computes it.
+fn label_propagation<'s, T>(
+    replicas: VecCollection<'s, T, (String, Replica)>,
+    radj: VecCollection<'s, T, ((String, Replica), (Replica, u64))>,
+    rounds: usize,
+) -> VecCollection<'s, T, ((String, Replica), Replica)>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
+    #[derive(Default)]
+    struct Space {
+        replicas: HashMap<Replica, isize>,
+        adj: HashMap<Replica, BTreeMap<(Replica, u64), isize>>,
+        labels: HashMap<Replica, Replica>,
+    }
+    let rows = replicas
+        .map(|(s, r)| (s, r, None))
+        .concat(radj.map(|((s, x), (y, w))| (s, x, Some((y, w)))));
+    let mut spaces: HashMap<String, Space> = HashMap::new();
+    per_space_in_time_order(rows, "LabelPropagation", |(s, _, _)| s, move |space, rows| {
+        let st = spaces.entry(space.to_string()).or_default();
+        let mut touched: Vec<Replica> = Vec::new();
+        for ((_, x, e), d) in rows {
+            match e {
+                None => {
+                    let n = st.replicas.entry(x.clone()).or_default();
+                    *n += d;
+                    if *n == 0 {
+                        st.replicas.remove(&x);
+                    }
+                }
+                Some((y, w)) => {
+                    let nbrs = st.adj.entry(x.clone()).or_default();
+                    let n = nbrs.entry((y.clone(), w)).or_default();
+                    *n += d;
+                    if *n == 0 {
+                        nbrs.remove(&(y.clone(), w));
+                    }
+                    if nbrs.is_empty() {
+                        st.adj.remove(&x);
+                    }
+                    touched.push(y);
+                }
+            }
+            touched.push(x);
+        }
+        // The touched components, by a walk over the (symmetric) replica graph.
+        let mut seen: HashSet<Replica> = HashSet::new();
+        let mut stack: Vec<Replica> = Vec::new();
+        for r in touched {
+            if seen.insert(r.clone()) {
+                stack.push(r);
+            }
+        }
+        let mut component: Vec<Replica> = Vec::new();
+        while let Some(r) = stack.pop() {
+            if let Some(nbrs) = st.adj.get(&r) {
+                for (y, _) in nbrs.keys() {
+                    if !seen.contains(y) {
+                        seen.insert(y.clone());
+                        stack.push(y.clone());
+                    }
+                }
+            }
+            component.push(r);
+        }
+        component.sort();
+        let live: Vec<&Replica> = component.iter().filter(|r| st.replicas.get(*r).is_some_and(|n| *n > 0)).collect();
+        let index: HashMap<&Replica, u32> = live.iter().enumerate().map(|(i, r)| (*r, i as u32)).collect();
+        let nbrs: Vec<Vec<(u32, u128)>> = live
+            .iter()
+            .map(|r| {
+                st.adj
+                    .get(*r)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, n)| **n > 0)
+                    .filter_map(|((y, w), n)| index.get(y).map(|j| (*j, u128::from(*w) * *n as u128)))
+                    .collect()
+            })
+            .collect();
+        let labels = propagate(&live, &nbrs, rounds);
+        let mut out = Vec::new();
+        for r in &component {
+            let now = index.get(r).map(|i| live[labels[*i as usize] as usize]);
+            let before = st.labels.get(r);
+            if before == now {
+                continue;
+            }
+            if let Some(b) = before {
+                out.push((((space.to_string(), r.clone()), b.clone()), -1));
+            }
+            match now {
+                Some(l) => {
+                    out.push((((space.to_string(), r.clone()), l.clone()), 1));
+                    st.labels.insert(r.clone(), l.clone());
+                }
+                None => {
+                    st.labels.remove(r);
+                }
+            }
+        }
+        if st.replicas.is_empty() && st.adj.is_empty() && st.labels.is_empty() {
+            spaces.remove(space);
+        }
+        out
+    })
+}
+
+/// The rounds of [`super`]'s label propagation over replicas `0..n` (sorted, so that index order is replica order)
+/// with weighted neighbour lists: each round, the replicas whose coin comes up ([`active`]) take [`next_label`]'s
+/// choice among their neighbours' labels of the round before. Returns each replica's label, as an index.
+fn propagate(replicas: &[&Replica], nbrs: &[Vec<(u32, u128)>], rounds: usize) -> Vec<u32> {
+    let n = replicas.len();
+    let mut labels: Vec<u32> = (0..n as u32).collect();
+    let mut votes: Vec<(u32, u128)> = Vec::new();
+    for round in 0..rounds {
+        let mut next = labels.clone();
+        for (i, r) in replicas.iter().enumerate() {
+            if nbrs[i].is_empty() || !active(r, round) {
+                continue;
+            }
+            votes.clear();
+            votes.extend(nbrs[i].iter().map(|(j, w)| (labels[*j as usize], *w)));
+            votes.sort_unstable();
+            let own = labels[i];
+            let (mut best, mut best_w, mut own_w) = (own, None::<u128>, None::<u128>);
+            let mut k = 0;
+            while k < votes.len() {
+                let l = votes[k].0;
+                let mut w = 0;
+                while k < votes.len() && votes[k].0 == l {
+                    w += votes[k].1;
+                    k += 1;
+                }
+                if l == own {
+                    own_w = Some(w);
+                }
+                // Strictly heavier wins, so that among equals the smallest label (seen first) stays.
+                if best_w.is_none_or(|b| w > b) {
+                    best = l;
+                    best_w = Some(w);
+                }
+            }
+            next[i] = if own_w == best_w { own } else { best };
+        }
+        labels = next;
+    }
+    labels
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>
