@@ -3,7 +3,7 @@
 //! Label propagation is unrolled into `lpa-rounds` join/reduce rounds and the layers into `max-layers` stages; each
 //! is incremental on its own.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::VecCollection;
@@ -12,7 +12,8 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
-use super::{active, anchors, cluster_id, ego_components, HierarchyParams, Replica};
+use super::lpa::Lpa;
+use super::{anchors, cluster_id, ego_components, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -203,13 +204,11 @@ where
     })
 }
 
-/// Label propagation over one layer's replica graph, as a stateful operator per space: it keeps the replica graph
-/// and, each epoch, runs every round afresh over the connected components of the graph that the epoch's changes
-/// touch (labels never cross components, so the others keep theirs), emitting the difference from the labels it
-/// emitted before. Unrolled into `rounds` join + reduce rounds of differential dataflow, the same computation kept
-/// 20 arrangements of labels and votes per layer, and an insert changed labels in most replicas of the dense upper
-/// layers anyway — where each changed vote re-ran a reduce over the replica's history. Here a component's rounds
-/// run over integer indices (replicas sorted, so an index order is the replica order that breaks ties).
+/// Label propagation over one layer's replica graph, as a stateful operator per space ([`Lpa`]): it keeps the
+/// replica graph and every round's labels, and each epoch recomputes, round by round, only the replicas whose edges
+/// or whose neighbours' labels of the round before changed, emitting the difference in final labels. Unrolled into
+/// `rounds` join + reduce stages of differential dataflow, the same computation kept 20 arrangements of labels and
+/// votes per layer, and each changed vote reran a reduce over the replica's history of string-keyed rows.
 ///
 /// Input: replicas `(space, r)` and directed replica edges `((space, x), (y, weight))`, both directions. Output
 /// `((space, r), label)`, as [`super::reference::cluster_layer`] computes it.
@@ -221,146 +220,27 @@ fn label_propagation<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    #[derive(Default)]
-    struct Space {
-        replicas: HashMap<Replica, isize>,
-        adj: HashMap<Replica, BTreeMap<(Replica, u64), isize>>,
-        labels: HashMap<Replica, Replica>,
-    }
     let rows = replicas
         .map(|(s, r)| (s, r, None))
         .concat(radj.map(|((s, x), (y, w))| (s, x, Some((y, w)))));
-    let mut spaces: HashMap<String, Space> = HashMap::new();
+    let mut spaces: HashMap<String, Lpa> = HashMap::new();
     per_space_in_time_order(rows, "LabelPropagation", |(s, _, _)| s, move |space, rows| {
-        let st = spaces.entry(space.to_string()).or_default();
-        let mut touched: Vec<Replica> = Vec::new();
-        for ((_, x, e), d) in rows {
-            match e {
-                None => {
-                    let n = st.replicas.entry(x.clone()).or_default();
-                    *n += d;
-                    if *n == 0 {
-                        st.replicas.remove(&x);
-                    }
-                }
-                Some((y, w)) => {
-                    let nbrs = st.adj.entry(x.clone()).or_default();
-                    let n = nbrs.entry((y.clone(), w)).or_default();
-                    *n += d;
-                    if *n == 0 {
-                        nbrs.remove(&(y.clone(), w));
-                    }
-                    if nbrs.is_empty() {
-                        st.adj.remove(&x);
-                    }
-                    touched.push(y);
-                }
-            }
-            touched.push(x);
-        }
-        // The touched components, by a walk over the (symmetric) replica graph.
-        let mut seen: HashSet<Replica> = HashSet::new();
-        let mut stack: Vec<Replica> = Vec::new();
-        for r in touched {
-            if seen.insert(r.clone()) {
-                stack.push(r);
-            }
-        }
-        let mut component: Vec<Replica> = Vec::new();
-        while let Some(r) = stack.pop() {
-            if let Some(nbrs) = st.adj.get(&r) {
-                for (y, _) in nbrs.keys() {
-                    if !seen.contains(y) {
-                        seen.insert(y.clone());
-                        stack.push(y.clone());
-                    }
-                }
-            }
-            component.push(r);
-        }
-        component.sort();
-        let live: Vec<&Replica> = component.iter().filter(|r| st.replicas.get(*r).is_some_and(|n| *n > 0)).collect();
-        let index: HashMap<&Replica, u32> = live.iter().enumerate().map(|(i, r)| (*r, i as u32)).collect();
-        let nbrs: Vec<Vec<(u32, u128)>> = live
-            .iter()
-            .map(|r| {
-                st.adj
-                    .get(*r)
-                    .into_iter()
-                    .flatten()
-                    .filter(|(_, n)| **n > 0)
-                    .filter_map(|((y, w), n)| index.get(y).map(|j| (*j, u128::from(*w) * *n as u128)))
-                    .collect()
-            })
-            .collect();
-        let labels = propagate(&live, &nbrs, rounds);
-        let mut out = Vec::new();
-        for r in &component {
-            let now = index.get(r).map(|i| live[labels[*i as usize] as usize]);
-            let before = st.labels.get(r);
-            if before == now {
-                continue;
-            }
-            if let Some(b) = before {
-                out.push((((space.to_string(), r.clone()), b.clone()), -1));
-            }
-            match now {
-                Some(l) => {
-                    out.push((((space.to_string(), r.clone()), l.clone()), 1));
-                    st.labels.insert(r.clone(), l.clone());
-                }
-                None => {
-                    st.labels.remove(r);
-                }
-            }
-        }
-        if st.replicas.is_empty() && st.adj.is_empty() && st.labels.is_empty() {
+        let lpa = spaces.entry(space.to_string()).or_insert_with(|| Lpa::new(rounds));
+        let changes = lpa.apply(rows.into_iter().map(|((_, x, e), d)| ((x, e), d)).collect());
+        if lpa.is_empty() {
             spaces.remove(space);
+        }
+        let mut out = Vec::new();
+        for (r, old, new) in changes {
+            if let Some(l) = old {
+                out.push((((space.to_string(), r.clone()), l), -1));
+            }
+            if let Some(l) = new {
+                out.push((((space.to_string(), r), l), 1));
+            }
         }
         out
     })
-}
-
-/// The rounds of [`super`]'s label propagation over replicas `0..n` (sorted, so that index order is replica order)
-/// with weighted neighbour lists: each round, the replicas whose coin comes up ([`active`]) take [`next_label`]'s
-/// choice among their neighbours' labels of the round before. Returns each replica's label, as an index.
-fn propagate(replicas: &[&Replica], nbrs: &[Vec<(u32, u128)>], rounds: usize) -> Vec<u32> {
-    let n = replicas.len();
-    let mut labels: Vec<u32> = (0..n as u32).collect();
-    let mut votes: Vec<(u32, u128)> = Vec::new();
-    for round in 0..rounds {
-        let mut next = labels.clone();
-        for (i, r) in replicas.iter().enumerate() {
-            if nbrs[i].is_empty() || !active(r, round) {
-                continue;
-            }
-            votes.clear();
-            votes.extend(nbrs[i].iter().map(|(j, w)| (labels[*j as usize], *w)));
-            votes.sort_unstable();
-            let own = labels[i];
-            let (mut best, mut best_w, mut own_w) = (own, None::<u128>, None::<u128>);
-            let mut k = 0;
-            while k < votes.len() {
-                let l = votes[k].0;
-                let mut w = 0;
-                while k < votes.len() && votes[k].0 == l {
-                    w += votes[k].1;
-                    k += 1;
-                }
-                if l == own {
-                    own_w = Some(w);
-                }
-                // Strictly heavier wins, so that among equals the smallest label (seen first) stays.
-                if best_w.is_none_or(|b| w > b) {
-                    best = l;
-                    best_w = Some(w);
-                }
-            }
-            next[i] = if own_w == best_w { own } else { best };
-        }
-        labels = next;
-    }
-    labels
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>

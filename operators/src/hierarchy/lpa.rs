@@ -1,0 +1,320 @@
+//! Label propagation over one space's replica graph, kept incrementally: every round's label of every replica is
+//! stored, and a change of the graph recomputes, round by round, only the replicas whose inputs changed — those
+//! whose edges changed, and the neighbours of those whose label in the round before changed — as differential
+//! dataflow would, but over integer slots instead of arrangements of strings. The result after any sequence of
+//! changes equals a from-scratch run (the rounds of [`super`]: [`super::active`] coins, [`super::next_label`]'s
+//! rule), which `tests` and the hierarchy's model tests check.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+
+use super::{active, Replica};
+
+/// One replica graph and its labels.
+#[derive(Default)]
+pub struct Lpa {
+    rounds: usize,
+    slot: HashMap<Replica, u32>,
+    /// Slot → replica (kept for a freed slot until the end of its epoch: labels may still name it then).
+    replica: Vec<Replica>,
+    /// Multiplicity in the replica set; a slot with none is not a replica (it may still be named by edges).
+    present: Vec<isize>,
+    /// Directed edges out of each slot: (neighbour, weight, multiplicity).
+    adj: Vec<Vec<(u32, u64, isize)>>,
+    /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica.
+    labels: Vec<Vec<u32>>,
+    free: Vec<u32>,
+}
+
+/// A label change: `(replica, old label, new label)`, `None` when there was or is none.
+pub type LabelChange = (Replica, Option<Replica>, Option<Replica>);
+
+impl Lpa {
+    pub fn new(rounds: usize) -> Self {
+        Lpa { rounds, ..Lpa::default() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slot.is_empty()
+    }
+
+    fn slot_of(&mut self, r: &Replica) -> u32 {
+        if let Some(s) = self.slot.get(r) {
+            return *s;
+        }
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.replica[s as usize] = r.clone();
+                s
+            }
+            None => {
+                self.replica.push(r.clone());
+                self.present.push(0);
+                self.adj.push(Vec::new());
+                self.labels.push(Vec::new());
+                (self.replica.len() - 1) as u32
+            }
+        };
+        self.slot.insert(r.clone(), s);
+        s
+    }
+
+    fn live(&self, s: u32) -> bool {
+        self.present[s as usize] > 0
+    }
+
+    /// Applies one epoch's changes — replicas `(r, None)` and directed edges `(x, Some((y, weight)))`, with
+    /// multiplicities — and returns the replicas whose final label changed.
+    pub fn apply(&mut self, changes: Vec<((Replica, Option<(Replica, u64)>), isize)>) -> Vec<LabelChange> {
+        let mut dirty: BTreeSet<u32> = BTreeSet::new();
+        let mut was_live: HashMap<u32, bool> = HashMap::new();
+        let mut touched: BTreeSet<u32> = BTreeSet::new();
+        for ((x, e), d) in changes {
+            let sx = self.slot_of(&x);
+            touched.insert(sx);
+            match e {
+                None => {
+                    was_live.entry(sx).or_insert(self.present[sx as usize] > 0);
+                    self.present[sx as usize] += d;
+                }
+                Some((y, w)) => {
+                    let sy = self.slot_of(&y);
+                    touched.insert(sy);
+                    let list = &mut self.adj[sx as usize];
+                    match list.iter_mut().position(|(n, nw, _)| *n == sy && *nw == w) {
+                        Some(i) => {
+                            list[i].2 += d;
+                            if list[i].2 == 0 {
+                                list.swap_remove(i);
+                            }
+                        }
+                        None => list.push((sy, w, d)),
+                    }
+                    dirty.insert(sx);
+                }
+            }
+        }
+        // Replicas that appeared or went: their own labels start or end, and their neighbours' votes change.
+        let mut born: Vec<u32> = Vec::new();
+        let mut gone: Vec<u32> = Vec::new();
+        for (&s, &before) in &was_live {
+            match (before, self.live(s)) {
+                (false, true) => born.push(s),
+                (true, false) => gone.push(s),
+                _ => {}
+            }
+        }
+        let old_final: HashMap<u32, u32> = dirty
+            .iter()
+            .chain(&gone)
+            .filter(|s| !self.labels[**s as usize].is_empty())
+            .map(|s| (*s, *self.labels[*s as usize].last().expect("rounds stored")))
+            .collect();
+        let mut old_final = old_final;
+        for &s in &born {
+            self.labels[s as usize] = vec![s; self.rounds + 1];
+            dirty.insert(s);
+        }
+        for &s in &gone {
+            self.labels[s as usize].clear();
+        }
+        for s in born.iter().chain(&gone) {
+            for (n, _, _) in self.adj[*s as usize].clone() {
+                dirty.insert(n);
+            }
+        }
+        dirty.retain(|s| self.live(*s));
+        // Round by round: recompute the dirty replicas and the neighbours of those whose label changed the round
+        // before; remember the final label of each before it changes.
+        let is_born: std::collections::HashSet<u32> = born.iter().copied().collect();
+        let mut changed: Vec<u32> = born.clone();
+        for round in 1..=self.rounds {
+            let mut todo: BTreeSet<u32> = dirty.clone();
+            for &s in &changed {
+                todo.insert(s);
+                for (n, _, m) in &self.adj[s as usize] {
+                    if *m > 0 && self.live(*n) {
+                        todo.insert(*n);
+                    }
+                }
+            }
+            let mut now_changed = Vec::new();
+            for s in todo {
+                let l = self.next(s, round);
+                let slot = &mut self.labels[s as usize];
+                if slot[round] != l || is_born.contains(&s) {
+                    if round == self.rounds {
+                        old_final.entry(s).or_insert(slot[round]);
+                    }
+                    slot[round] = l;
+                    now_changed.push(s);
+                }
+            }
+            changed = now_changed;
+        }
+        let mut out = Vec::new();
+        for (s, old) in old_final {
+            let new = self.labels[s as usize].last().copied();
+            let old = if is_born.contains(&s) { None } else { Some(old) };
+            if old != new {
+                out.push((
+                    self.replica[s as usize].clone(),
+                    old.map(|l| self.replica[l as usize].clone()),
+                    new.map(|l| self.replica[l as usize].clone()),
+                ));
+            }
+        }
+        // Free the slots nothing refers to any more: no replica, no edges (the graph is symmetric, so none into it
+        // either), and, the labels being exact, no label names it.
+        for s in touched {
+            if self.live(s) || !self.adj[s as usize].is_empty() {
+                continue;
+            }
+            let r = self.replica[s as usize].clone();
+            self.slot.remove(&r);
+            self.present[s as usize] = 0;
+            self.labels[s as usize].clear();
+            self.free.push(s);
+        }
+        out
+    }
+
+    /// The label of live replica `s` after `round`, from its neighbours' labels after the round before.
+    fn next(&self, s: u32, round: usize) -> u32 {
+        let own = self.labels[s as usize][round - 1];
+        if !active(&self.replica[s as usize], round - 1) {
+            return own;
+        }
+        let mut votes: Vec<(u32, u128)> = Vec::new();
+        for (n, w, m) in &self.adj[s as usize] {
+            if *m > 0 && self.live(*n) {
+                votes.push((self.labels[*n as usize][round - 1], u128::from(*w) * *m as u128));
+            }
+        }
+        if votes.is_empty() {
+            return own;
+        }
+        votes.sort_unstable();
+        let mut totals: Vec<(u32, u128)> = Vec::new();
+        for (l, w) in votes {
+            match totals.last_mut() {
+                Some((pl, pw)) if *pl == l => *pw += w,
+                _ => totals.push((l, w)),
+            }
+        }
+        let best = totals.iter().map(|t| t.1).max().expect("votes");
+        if totals.iter().any(|(l, w)| *l == own && *w == best) {
+            return own;
+        }
+        totals
+            .iter()
+            .filter(|(_, w)| *w == best)
+            .map(|(l, _)| *l)
+            .min_by(|a, b| self.order(*a, *b))
+            .expect("a heaviest label")
+    }
+
+    fn order(&self, a: u32, b: u32) -> Ordering {
+        self.replica[a as usize].cmp(&self.replica[b as usize])
+    }
+
+    /// Every live replica's label.
+    pub fn labels(&self) -> Vec<(Replica, Replica)> {
+        (0..self.replica.len() as u32)
+            .filter(|s| self.live(*s) && self.slot.get(&self.replica[*s as usize]) == Some(s))
+            .map(|s| {
+                let l = self.labels[s as usize][self.rounds];
+                (self.replica[s as usize].clone(), self.replica[l as usize].clone())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn rep(i: usize) -> Replica {
+        (format!("n{:02}", i / 2), if i % 2 == 0 { String::new() } else { format!("c{i}") })
+    }
+
+    /// Seeded random replica and edge inserts and deletes (slots freed and reused on the way): after every batch
+    /// the incremental labels equal a from-scratch run over the same graph.
+    #[test]
+    fn incremental_labels_equal_from_scratch() {
+        for seed in 0..6 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut lpa = Lpa::new(12);
+            let mut live: BTreeMap<usize, ()> = BTreeMap::new();
+            let mut edges: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+            let mut labels: BTreeMap<Replica, Replica> = BTreeMap::new();
+            let mut spread = 0;
+            for _ in 0..40 {
+                let mut batch = Vec::new();
+                for _ in 0..rng.gen_range(1..12) {
+                    let a = rng.gen_range(0..60);
+                    match rng.gen_range(0..10) {
+                        0..=1 => {
+                            if live.remove(&a).is_some() {
+                                batch.push(((rep(a), None), -1));
+                                let gone: Vec<_> = edges.keys().filter(|(u, v)| *u == a || *v == a).copied().collect();
+                                for (u, v) in gone {
+                                    let w = edges.remove(&(u, v)).unwrap();
+                                    batch.push(((rep(u), Some((rep(v), w))), -1));
+                                    batch.push(((rep(v), Some((rep(u), w))), -1));
+                                }
+                            }
+                        }
+                        2..=4 => {
+                            if live.insert(a, ()).is_none() {
+                                batch.push(((rep(a), None), 1));
+                            }
+                        }
+                        _ => {
+                            let b = (a / 8) * 8 + rng.gen_range(0..8);
+                            let (u, v) = (a.min(b), a.max(b));
+                            if u == v || !live.contains_key(&u) || !live.contains_key(&v) {
+                                continue;
+                            }
+                            if let Some(w) = edges.remove(&(u, v)) {
+                                batch.push(((rep(u), Some((rep(v), w))), -1));
+                                batch.push(((rep(v), Some((rep(u), w))), -1));
+                            }
+                            if rng.gen_bool(0.8) {
+                                let w = rng.gen_range(1..4);
+                                edges.insert((u, v), w);
+                                batch.push(((rep(u), Some((rep(v), w))), 1));
+                                batch.push(((rep(v), Some((rep(u), w))), 1));
+                            }
+                        }
+                    }
+                }
+                for (r, old, new) in lpa.apply(batch) {
+                    assert_eq!(labels.get(&r), old.as_ref(), "seed {seed}: the old label of {r:?}");
+                    match new {
+                        Some(l) => labels.insert(r, l),
+                        None => labels.remove(&r),
+                    };
+                }
+                let mut scratch = Lpa::new(12);
+                let mut all: Vec<_> = live.keys().map(|a| ((rep(*a), None), 1)).collect();
+                for ((u, v), w) in &edges {
+                    all.push(((rep(*u), Some((rep(*v), *w))), 1));
+                    all.push(((rep(*v), Some((rep(*u), *w))), 1));
+                }
+                let fresh: BTreeMap<Replica, Replica> =
+                    scratch.apply(all).into_iter().map(|(r, _, l)| (r, l.expect("a live replica"))).collect();
+                assert_eq!(labels, fresh, "seed {seed}");
+                assert_eq!(lpa.labels().into_iter().collect::<BTreeMap<_, _>>(), fresh, "seed {seed}");
+                let distinct: BTreeSet<&Replica> = fresh.values().collect();
+                spread += usize::from(distinct.len() < live.len());
+            }
+            assert!(spread >= 10, "seed {seed}: labels spread after only {spread} of 40 batches");
+        }
+    }
+}
