@@ -1,9 +1,10 @@
 //! The hierarchy as differential dataflow: every step of [`super`] is a collection, so inserting or deleting a
 //! layer-0 node or edge updates exactly the ego networks, replicas, labels, clusters and upper layers it affects.
-//! Label propagation is unrolled into `lpa-rounds` join/reduce rounds and the layers into `max-layers` stages; each
-//! is incremental on its own.
+//! The layers are unrolled into `max-layers` stages, each incremental on its own. Two steps are stateful operators
+//! per space rather than joins, because their joins were the cost: the ego networks ([`ego_networks`]) and label
+//! propagation ([`super::lpa`]), which keeps every round's labels and recomputes only what an epoch's changes reach.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::VecCollection;
@@ -12,8 +13,9 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
+use super::ego::Ego;
 use super::lpa::Lpa;
-use super::{anchors, cluster_id, ego_components, HierarchyParams, Replica};
+use super::{anchors, cluster_id, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -117,88 +119,30 @@ where
 /// The ego networks of one layer: `((space, v, a), c)` for every node `v` and neighbour `a`, `c` naming the
 /// component of `v`'s ego network that holds `a` ([`ego_components`]).
 ///
-/// A stateful operator per space (like the similarity graph): it keeps the adjacency, and for each epoch's edge
-/// changes recomputes the ego networks of the nodes they touch — the endpoints, and the common neighbours of the
-/// endpoints, whose ego networks gained or lost a link — and emits the difference from what it emitted before. As a
-/// join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions at 100k chunks); here
-/// the state is the adjacency and the emitted rows, O(edges).
+/// A stateful operator per space (like the similarity graph, [`Ego`] over interned slots): it keeps the adjacency,
+/// and for each epoch's edge changes recomputes the ego networks of the nodes they touch — the endpoints, and the
+/// common neighbours of the endpoints, whose ego networks gained or lost a link — and emits the difference from what
+/// it emitted before. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions
+/// at 100k chunks); here the state is the adjacency and the emitted rows, O(edges).
 fn ego_networks<'s, T>(edges: Edges<'s, T>) -> VecCollection<'s, T, ((String, String, String), String)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    type Adj = HashMap<String, BTreeMap<String, isize>>;
-    // space → (adjacency with multiplicities, emitted components per node).
-    let mut spaces: HashMap<String, (Adj, HashMap<String, BTreeMap<String, String>>)> = HashMap::new();
+    let mut spaces: HashMap<String, Ego> = HashMap::new();
     per_space_in_time_order(edges, "EgoNetworks", |(s, _, _, _)| s, move |space, rows| {
-        let mut out = Vec::new();
-        let (adj, emitted) = spaces.entry(space.to_string()).or_default();
-        // Whether each pair was linked before this epoch: a change of weight alone (the old weight retracted, the new
-        // one inserted) leaves every ego network as it was.
-        let mut linked_before: BTreeMap<(String, String), bool> = BTreeMap::new();
-        for ((_, u, v, _w), d) in rows {
-            linked_before
-                .entry((u.clone(), v.clone()))
-                .or_insert_with(|| adj.get(&u).is_some_and(|n| n.contains_key(&v)));
-            for (a, b) in [(&u, &v), (&v, &u)] {
-                let nbrs = adj.entry(a.clone()).or_default();
-                let n = nbrs.entry(b.clone()).or_default();
-                *n += d;
-                if *n == 0 {
-                    nbrs.remove(b);
-                }
-                if nbrs.is_empty() {
-                    adj.remove(a);
-                }
-            }
-        }
-        let touched: Vec<(String, String)> = linked_before
-            .into_iter()
-            .filter(|((u, v), was)| adj.get(u).is_some_and(|n| n.contains_key(v)) != *was)
-            .map(|(k, _)| k)
-            .collect();
-        // Endpoints, and the nodes adjacent to both ends of a changed edge (a common neighbour before but not after
-        // has lost an edge to one end, so it is an endpoint itself).
-        let mut affected: BTreeSet<&str> = BTreeSet::new();
-        for (u, v) in &touched {
-            affected.insert(u);
-            affected.insert(v);
-            if let (Some(nu), Some(nv)) = (adj.get(u), adj.get(v)) {
-                let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
-                affected.extend(small.keys().filter(|w| large.contains_key(*w)).map(String::as_str));
-            }
-        }
-        for v in affected {
-            let now: BTreeMap<String, String> = match adj.get(v) {
-                None => BTreeMap::new(),
-                Some(nbrs) => {
-                    let links = nbrs.keys().flat_map(|a| {
-                        adj.get(a).into_iter().flat_map(move |an| {
-                            an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (a.as_str(), b.as_str()))
-                        })
-                    });
-                    ego_components(nbrs.keys().map(String::as_str), links)
-                        .into_iter()
-                        .map(|(a, c)| (a.to_string(), c.to_string()))
-                        .collect()
-                }
-            };
-            let before = emitted.remove(v).unwrap_or_default();
-            for (a, c) in &before {
-                if now.get(a) != Some(c) {
-                    out.push((((space.to_string(), v.to_string(), a.clone()), c.clone()), -1));
-                }
-            }
-            for (a, c) in &now {
-                if before.get(a) != Some(c) {
-                    out.push((((space.to_string(), v.to_string(), a.clone()), c.clone()), 1));
-                }
-            }
-            if !now.is_empty() {
-                emitted.insert(v.to_string(), now);
-            }
-        }
-        if adj.is_empty() && emitted.is_empty() {
+        let ego = spaces.entry(space.to_string()).or_default();
+        let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
+        if ego.is_empty() {
             spaces.remove(space);
+        }
+        let mut out = Vec::new();
+        for (v, a, old, new) in changes {
+            if let Some(c) = old {
+                out.push((((space.to_string(), v.clone(), a.clone()), c), -1));
+            }
+            if let Some(c) = new {
+                out.push((((space.to_string(), v, a), c), 1));
+            }
         }
         out
     })

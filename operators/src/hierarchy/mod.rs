@@ -25,6 +25,7 @@
 //!    ([`HierarchyParams::keeps`]; `min-shrink = 0` is CAM's rule).
 
 pub mod dataflow;
+pub mod ego;
 pub mod lpa;
 pub mod reference;
 
