@@ -4,46 +4,35 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::slots::Slots;
+
 /// A change of one ego-network row: `(v, a, old component, new component)`.
 pub type EgoChange = (String, String, Option<String>, Option<String>);
 
 #[derive(Default)]
 pub struct Ego {
-    slot: HashMap<String, u32>,
-    name: Vec<String>,
+    slots: Slots<String>,
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
     adj: Vec<HashMap<u32, isize>>,
     /// What was emitted for each node: neighbour → component, both slots.
     emitted: Vec<BTreeMap<u32, u32>>,
-    free: Vec<u32>,
     /// Scratch: slot → local index + 1 while one ego network is computed.
     mark: Vec<u32>,
 }
 
 impl Ego {
     pub fn is_empty(&self) -> bool {
-        self.slot.is_empty()
+        self.slots.is_empty()
     }
 
     fn slot_of(&mut self, n: &str) -> u32 {
-        if let Some(s) = self.slot.get(n) {
-            return *s;
+        let (s, new) = self.slots.intern(n);
+        if new {
+            self.adj.push(HashMap::new());
+            self.emitted.push(BTreeMap::new());
+            self.mark.push(0);
         }
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.name[s as usize] = n.to_string();
-                s
-            }
-            None => {
-                self.name.push(n.to_string());
-                self.adj.push(HashMap::new());
-                self.emitted.push(BTreeMap::new());
-                self.mark.push(0);
-                (self.name.len() - 1) as u32
-            }
-        };
-        self.slot.insert(n.to_string(), s);
         s
     }
 
@@ -94,17 +83,15 @@ impl Ego {
             self.emitted[v as usize] = now;
         }
         for s in seen {
-            if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() && self.slot.contains_key(&self.name[s as usize]) {
-                let n = std::mem::take(&mut self.name[s as usize]);
-                self.slot.remove(&n);
-                self.free.push(s);
+            if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() {
+                self.slots.release(s);
             }
         }
         out
     }
 
     fn name(&self, s: u32) -> String {
-        self.name[s as usize].clone()
+        self.slots.key(s).clone()
     }
 
     /// v's ego network: union-find over its neighbours and the links among them, each component named by its
@@ -137,7 +124,7 @@ impl Ego {
                 let (ra, rb) = (find(&mut parent, i), find(&mut parent, (j - 1) as usize));
                 if ra != rb {
                     // The root is the member with the smaller name, so a root names its component.
-                    let (lo, hi) = if self.name[nbrs[ra] as usize] < self.name[nbrs[rb] as usize] { (ra, rb) } else { (rb, ra) };
+                    let (lo, hi) = if self.slots.key(nbrs[ra]) < self.slots.key(nbrs[rb]) { (ra, rb) } else { (rb, ra) };
                     parent[hi] = lo;
                 }
             }

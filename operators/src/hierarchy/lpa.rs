@@ -8,22 +8,21 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 
+use super::slots::Slots;
 use super::{active, Replica};
 
 /// One replica graph and its labels.
 #[derive(Default)]
 pub struct Lpa {
     rounds: usize,
-    slot: HashMap<Replica, u32>,
-    /// Slot → replica (kept for a freed slot until the end of its epoch: labels may still name it then).
-    replica: Vec<Replica>,
+    /// Replica ↔ slot (a slot is released at the end of an epoch, so labels may still name it until then).
+    slots: Slots<Replica>,
     /// Multiplicity in the replica set; a slot with none is not a replica (it may still be named by edges).
     present: Vec<isize>,
     /// Directed edges out of each slot: (neighbour, weight, multiplicity).
     adj: Vec<Vec<(u32, u64, isize)>>,
     /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica.
     labels: Vec<Vec<u32>>,
-    free: Vec<u32>,
 }
 
 /// A label change: `(replica, old label, new label)`, `None` when there was or is none.
@@ -35,27 +34,16 @@ impl Lpa {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slot.is_empty()
+        self.slots.is_empty()
     }
 
     fn slot_of(&mut self, r: &Replica) -> u32 {
-        if let Some(s) = self.slot.get(r) {
-            return *s;
+        let (s, new) = self.slots.intern(r);
+        if new {
+            self.present.push(0);
+            self.adj.push(Vec::new());
+            self.labels.push(Vec::new());
         }
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.replica[s as usize] = r.clone();
-                s
-            }
-            None => {
-                self.replica.push(r.clone());
-                self.present.push(0);
-                self.adj.push(Vec::new());
-                self.labels.push(Vec::new());
-                (self.replica.len() - 1) as u32
-            }
-        };
-        self.slot.insert(r.clone(), s);
         s
     }
 
@@ -158,9 +146,9 @@ impl Lpa {
             let old = if is_born.contains(&s) { None } else { Some(old) };
             if old != new {
                 out.push((
-                    self.replica[s as usize].clone(),
-                    old.map(|l| self.replica[l as usize].clone()),
-                    new.map(|l| self.replica[l as usize].clone()),
+                    self.slots.key(s).clone(),
+                    old.map(|l| self.slots.key(l).clone()),
+                    new.map(|l| self.slots.key(l).clone()),
                 ));
             }
         }
@@ -170,11 +158,9 @@ impl Lpa {
             if self.live(s) || !self.adj[s as usize].is_empty() {
                 continue;
             }
-            let r = self.replica[s as usize].clone();
-            self.slot.remove(&r);
             self.present[s as usize] = 0;
             self.labels[s as usize].clear();
-            self.free.push(s);
+            self.slots.release(s);
         }
         out
     }
@@ -182,7 +168,7 @@ impl Lpa {
     /// The label of live replica `s` after `round`, from its neighbours' labels after the round before.
     fn next(&self, s: u32, round: usize) -> u32 {
         let own = self.labels[s as usize][round - 1];
-        if !active(&self.replica[s as usize], round - 1) {
+        if !active(self.slots.key(s), round - 1) {
             return own;
         }
         let mut votes: Vec<(u32, u128)> = Vec::new();
@@ -215,16 +201,16 @@ impl Lpa {
     }
 
     fn order(&self, a: u32, b: u32) -> Ordering {
-        self.replica[a as usize].cmp(&self.replica[b as usize])
+        self.slots.key(a).cmp(self.slots.key(b))
     }
 
     /// Every live replica's label.
     pub fn labels(&self) -> Vec<(Replica, Replica)> {
-        (0..self.replica.len() as u32)
-            .filter(|s| self.live(*s) && self.slot.get(&self.replica[*s as usize]) == Some(s))
+        (0..self.slots.capacity() as u32)
+            .filter(|s| self.live(*s) && self.slots.holds(*s))
             .map(|s| {
                 let l = self.labels[s as usize][self.rounds];
-                (self.replica[s as usize].clone(), self.replica[l as usize].clone())
+                (self.slots.key(s).clone(), self.slots.key(l).clone())
             })
             .collect()
     }

@@ -28,6 +28,7 @@ pub mod dataflow;
 pub mod ego;
 pub mod lpa;
 pub mod reference;
+mod slots;
 
 use serde::{Deserialize, Serialize};
 

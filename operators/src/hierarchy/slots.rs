@@ -1,0 +1,66 @@
+//! Interned keys for the hierarchy's stateful operators: each key gets a `u32` slot, and a released slot is reused,
+//! so that per-slot state can live in plain vectors and the hot loops compare integers instead of strings.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+
+#[derive(Default)]
+pub struct Slots<K> {
+    index: HashMap<K, u32>,
+    keys: Vec<K>,
+    free: Vec<u32>,
+}
+
+impl<K: Hash + Eq + Clone + Default> Slots<K> {
+    /// The slot of `k`, taking a released one or a new one; `true` when the slot is new, so that the caller grows
+    /// its per-slot vectors (a reused slot's state is whatever the caller left at release).
+    pub fn intern<Q>(&mut self, k: &Q) -> (u32, bool)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(s) = self.index.get(k) {
+            return (*s, false);
+        }
+        let key = k.to_owned();
+        let (s, new) = match self.free.pop() {
+            Some(s) => {
+                self.keys[s as usize] = key.clone();
+                (s, false)
+            }
+            None => {
+                self.keys.push(key.clone());
+                ((self.keys.len() - 1) as u32, true)
+            }
+        };
+        self.index.insert(key, s);
+        (s, new)
+    }
+
+    /// The key of a slot (a released slot keeps its key until it is reused).
+    pub fn key(&self, s: u32) -> &K {
+        &self.keys[s as usize]
+    }
+
+    pub fn release(&mut self, s: u32) {
+        if self.index.get(&self.keys[s as usize]) == Some(&s) {
+            self.index.remove(&self.keys[s as usize]);
+            self.free.push(s);
+        }
+    }
+
+    /// Whether `s` holds a key now.
+    pub fn holds(&self, s: u32) -> bool {
+        self.index.get(&self.keys[s as usize]) == Some(&s)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// How many slots were ever allocated (the length of per-slot vectors).
+    pub fn capacity(&self) -> usize {
+        self.keys.len()
+    }
+}
