@@ -9,6 +9,9 @@ use super::slots::Slots;
 /// A change of one ego-network row: `(v, a, old component, new component)`.
 pub type EgoChange = (String, String, Option<String>, Option<String>);
 
+/// The component of an ego network that is its only one (named "").
+const SOLE: u32 = u32::MAX;
+
 #[derive(Default)]
 pub struct Ego {
     slots: Slots<String>,
@@ -91,6 +94,9 @@ impl Ego {
     }
 
     fn name(&self, s: u32) -> String {
+        if s == SOLE {
+            return String::new();
+        }
         self.slots.key(s).clone()
     }
 
@@ -132,7 +138,12 @@ impl Ego {
         for a in &nbrs {
             self.mark[*a as usize] = 0;
         }
-        (0..nbrs.len()).map(|i| (nbrs[i], nbrs[find(&mut parent, i)])).collect()
+        let comps: BTreeMap<u32, u32> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[find(&mut parent, i)])).collect();
+        // A single component is named "" ([`SOLE`]), as [`super::ego_components`] names it.
+        if comps.values().all(|c| Some(c) == comps.values().next()) {
+            return comps.into_keys().map(|a| (a, SOLE)).collect();
+        }
+        comps
     }
 }
 

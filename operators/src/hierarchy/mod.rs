@@ -220,7 +220,13 @@ pub fn ego_components<'a>(
         }
     }
     let keys: Vec<&str> = parent.keys().copied().collect();
-    keys.into_iter().map(|k| (k, find(&mut parent, k))).collect()
+    let comps: BTreeMap<&str, &str> = keys.into_iter().map(|k| (k, find(&mut parent, k))).collect();
+    // A single component is named "": nothing to tell apart, and so the replica keeps its name when a neighbour with
+    // a smaller id joins.
+    if comps.values().all(|c| Some(*c) == comps.values().next().copied()) {
+        return comps.into_keys().map(|k| (k, "")).collect();
+    }
+    comps
 }
 
 #[cfg(test)]
