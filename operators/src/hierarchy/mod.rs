@@ -5,7 +5,8 @@
 //! The structure is a deterministic function of layer 0 (no LLM in it):
 //!
 //! 1. **Ego networks.** For each node v, the connected components of the subgraph induced by its neighbours (v
-//!    excluded). A component is named by its smallest member. v gets one replica per component, `(v, component)`;
+//!    excluded). A component is named by its smallest member, or "" when it is the only one. v gets one replica per
+//!    component, `(v, component)`;
 //!    an isolated node gets one replica `(v, "")`.
 //! 2. **Replica graph.** Each edge (u, v) becomes an edge between u's replica for the component holding v and v's
 //!    replica for the component holding u, with the edge's weight.
@@ -81,7 +82,8 @@ impl HierarchyParams {
     }
 }
 
-/// A replica: (node, the smallest member of the ego-network component it stands for; "" when isolated).
+/// A replica: (node, the smallest member of the ego-network component it stands for; "" when isolated or when the
+/// component is the node's only one).
 pub type Replica = (String, String);
 
 /// The id of a cluster of `layer` (≥ 1), named after its *anchor*: the replica of its smallest member that holds
@@ -188,7 +190,8 @@ pub fn next_label<'a>(own: &'a Replica, votes: impl Iterator<Item = (&'a Replica
     totals.iter().find(|(_, w)| *w == best).map(|t| t.0).unwrap_or(own)
 }
 
-/// Union-find over the neighbours of one node: component name (smallest member) per neighbour.
+/// Union-find over the neighbours of one node: component name (smallest member; "" for a single component) per
+/// neighbour.
 pub fn ego_components<'a>(
     neighbours: impl Iterator<Item = &'a str>,
     links: impl Iterator<Item = (&'a str, &'a str)>,
