@@ -25,6 +25,9 @@ pub struct Lpa {
     labels: Vec<Vec<u32>>,
 }
 
+/// A change of the replica graph: a replica `(r, None)` or a directed edge `(x, Some((y, weight)))`.
+pub type GraphRow = (Replica, Option<(Replica, u64)>);
+
 /// A label change: `(replica, old label, new label)`, `None` when there was or is none.
 pub type LabelChange = (Replica, Option<Replica>, Option<Replica>);
 
@@ -53,7 +56,7 @@ impl Lpa {
 
     /// Applies one epoch's changes — replicas `(r, None)` and directed edges `(x, Some((y, weight)))`, with
     /// multiplicities — and returns the replicas whose final label changed.
-    pub fn apply(&mut self, changes: Vec<((Replica, Option<(Replica, u64)>), isize)>) -> Vec<LabelChange> {
+    pub fn apply(&mut self, changes: Vec<(GraphRow, isize)>) -> Vec<LabelChange> {
         let mut dirty: BTreeSet<u32> = BTreeSet::new();
         let mut was_live: HashMap<u32, bool> = HashMap::new();
         let mut touched: BTreeSet<u32> = BTreeSet::new();
@@ -92,13 +95,12 @@ impl Lpa {
                 _ => {}
             }
         }
-        let old_final: HashMap<u32, u32> = dirty
+        let mut old_final: HashMap<u32, u32> = dirty
             .iter()
             .chain(&gone)
             .filter(|s| !self.labels[**s as usize].is_empty())
             .map(|s| (*s, *self.labels[*s as usize].last().expect("rounds stored")))
             .collect();
-        let mut old_final = old_final;
         for &s in &born {
             self.labels[s as usize] = vec![s; self.rounds + 1];
             dirty.insert(s);
@@ -107,9 +109,7 @@ impl Lpa {
             self.labels[s as usize].clear();
         }
         for s in born.iter().chain(&gone) {
-            for (n, _, _) in self.adj[*s as usize].clone() {
-                dirty.insert(n);
-            }
+            dirty.extend(self.adj[*s as usize].iter().map(|(n, _, _)| *n));
         }
         dirty.retain(|s| self.live(*s));
         // Round by round: recompute the dirty replicas and the neighbours of those whose label changed the round
