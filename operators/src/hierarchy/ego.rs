@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::find_root;
 use super::slots::Slots;
 
 /// A change of one ego-network row: `(v, a, old component, new component)`.
@@ -108,26 +109,13 @@ impl Ego {
             self.mark[*a as usize] = i as u32 + 1;
         }
         let mut parent: Vec<usize> = (0..nbrs.len()).collect();
-        fn find(parent: &mut [usize], x: usize) -> usize {
-            let mut r = x;
-            while parent[r] != r {
-                r = parent[r];
-            }
-            let mut c = x;
-            while parent[c] != r {
-                let next = parent[c];
-                parent[c] = r;
-                c = next;
-            }
-            r
-        }
         for (i, a) in nbrs.iter().enumerate() {
             for b in self.adj[*a as usize].keys() {
                 let j = self.mark[*b as usize];
                 if j == 0 || (j - 1) as usize <= i {
                     continue;
                 }
-                let (ra, rb) = (find(&mut parent, i), find(&mut parent, (j - 1) as usize));
+                let (ra, rb) = (find_root(&mut parent, i), find_root(&mut parent, (j - 1) as usize));
                 if ra != rb {
                     // The root is the member with the smaller name, so a root names its component.
                     let (lo, hi) = if self.slots.key(nbrs[ra]) < self.slots.key(nbrs[rb]) { (ra, rb) } else { (rb, ra) };
@@ -138,7 +126,7 @@ impl Ego {
         for a in &nbrs {
             self.mark[*a as usize] = 0;
         }
-        let comps: BTreeMap<u32, u32> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[find(&mut parent, i)])).collect();
+        let comps: BTreeMap<u32, u32> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[find_root(&mut parent, i)])).collect();
         // A single component is named "" ([`SOLE`]), as [`super::ego_components`] names it.
         if comps.values().all(|c| Some(c) == comps.values().next()) {
             return comps.into_keys().map(|a| (a, SOLE)).collect();

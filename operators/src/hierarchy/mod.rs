@@ -190,6 +190,21 @@ pub fn next_label<'a>(own: &'a Replica, votes: impl Iterator<Item = (&'a Replica
     totals.iter().find(|(_, w)| *w == best).map(|t| t.0).unwrap_or(own)
 }
 
+/// The root of `x` in a union-find forest of indices, compressing the path on the way.
+pub(crate) fn find_root(parent: &mut [usize], x: usize) -> usize {
+    let mut root = x;
+    while parent[root] != root {
+        root = parent[root];
+    }
+    let mut cur = x;
+    while parent[cur] != root {
+        let next = parent[cur];
+        parent[cur] = root;
+        cur = next;
+    }
+    root
+}
+
 /// Union-find over the neighbours of one node: component name (smallest member; "" for a single component) per
 /// neighbour.
 pub fn ego_components<'a>(
@@ -197,33 +212,19 @@ pub fn ego_components<'a>(
     links: impl Iterator<Item = (&'a str, &'a str)>,
 ) -> std::collections::BTreeMap<&'a str, &'a str> {
     use std::collections::BTreeMap;
-    let mut parent: BTreeMap<&str, &str> = neighbours.map(|a| (a, a)).collect();
-    fn find<'a>(parent: &mut BTreeMap<&'a str, &'a str>, x: &'a str) -> &'a str {
-        let mut root = x;
-        while parent[root] != root {
-            root = parent[root];
-        }
-        let mut cur = x;
-        while parent[cur] != root {
-            let next = parent[cur];
-            parent.insert(cur, root);
-            cur = next;
-        }
-        root
-    }
+    // Neighbours in name order, so that the smaller index is the smaller name.
+    let index: BTreeMap<&str, usize> = neighbours.collect::<std::collections::BTreeSet<_>>().into_iter().zip(0..).collect();
+    let names: Vec<&str> = index.keys().copied().collect();
+    let mut parent: Vec<usize> = (0..names.len()).collect();
     for (a, b) in links {
-        if !parent.contains_key(a) || !parent.contains_key(b) {
-            continue;
-        }
-        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) else { continue };
+        let (ra, rb) = (find_root(&mut parent, ia), find_root(&mut parent, ib));
         if ra != rb {
-            // The smaller id is the root, so a root is its component's smallest member.
-            let (lo, hi) = if ra < rb { (ra, rb) } else { (rb, ra) };
-            parent.insert(hi, lo);
+            // The smaller index is the root, so a root is its component's smallest member.
+            parent[ra.max(rb)] = ra.min(rb);
         }
     }
-    let keys: Vec<&str> = parent.keys().copied().collect();
-    let comps: BTreeMap<&str, &str> = keys.into_iter().map(|k| (k, find(&mut parent, k))).collect();
+    let comps: BTreeMap<&str, &str> = (0..names.len()).map(|i| (names[i], names[find_root(&mut parent, i)])).collect();
     // A single component is named "": nothing to tell apart, and so the replica keeps its name when a neighbour with
     // a smaller id joins.
     if comps.values().all(|c| Some(*c) == comps.values().next().copied()) {
