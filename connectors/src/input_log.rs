@@ -34,6 +34,9 @@ pub struct LoggedResponse {
     pub space: String,
     pub key: String,
     pub response: String,
+    /// A cluster summary's coverage: what it was made from (`hierarchy.summary-coverage`); absent for other calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub covers: Option<operators::summary::Coverage>,
 }
 
 pub struct JsonLog<T> {

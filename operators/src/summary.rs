@@ -192,6 +192,155 @@ pub fn content_hash(members: &[(&str, &str)]) -> String {
     format!("{:016x}{:016x}", fnv1a(&key), fnv1a(&rev))
 }
 
+/// What a cluster summary was made from, logged with it so that later requests can reuse it (and a restart knows
+/// what it covers).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Coverage {
+    pub layer: u32,
+    /// The cluster it was made for (informative: reuse goes by content, and cluster ids can change).
+    pub cluster: String,
+    /// `(member, hash of the member's text)` for every member the summary was made from, sorted by member.
+    pub members: Vec<(String, u64)>,
+    /// The summary's lineage: a summary made from the content of an earlier one plus more continues that one's
+    /// chain with the next `seq`; any other starts a chain.
+    pub chain: u64,
+    pub seq: u32,
+}
+
+/// What to do with a cluster that has no summary for its exact content.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// An earlier summary still holds: it was made only from content the cluster still has, and covers at least
+    /// `hierarchy.summary-coverage` of its members. No model call.
+    Reuse { text: String, coverage: Coverage },
+    /// Ask the model; record the answer under this coverage.
+    Fresh(Coverage),
+}
+
+#[derive(Debug)]
+struct Made {
+    coverage: Coverage,
+    text: String,
+}
+
+/// Summaries made so far, and the rule that reuses one for a cluster whose content grew.
+///
+/// A member's content is its text; a member that is itself a cluster shows its summary, and a later summary of the
+/// same chain (made from that summary's content and more) stands for the earlier one. A summary *holds* for a
+/// cluster's current content when every member it was made from is still there, by text or by a later summary of
+/// its chain. So a held summary was made from a part of the current content, never from a removed or changed
+/// member: deleting a document re-summarises every cluster whose summary saw it, up to the top. It is reused when
+/// it covers at least `coverage` of the current members. Matching goes by content, not by cluster id, so a cluster
+/// renamed by label propagation or by a new smallest member still finds its summary. Reusing keeps the cluster's
+/// text, so its parent's content is unchanged and the parent is not asked again: growth stops cascading up.
+#[derive(Debug)]
+pub struct SummaryCache {
+    coverage: f64,
+    /// (space, summary text hash) → (chain, seq).
+    lineage: HashMap<(String, u64), (u64, u32)>,
+    /// (space, layer, a member's chain) → summaries made from that member, newest last (at most `KEEP`).
+    by_member: HashMap<(String, u32, u64), Vec<std::sync::Arc<Made>>>,
+}
+
+/// Summaries indexed per member chain.
+const KEEP: usize = 8;
+
+impl SummaryCache {
+    /// `coverage` in (0, 1]; 1 reuses nothing (every content change asks the model).
+    pub fn new(coverage: f64) -> Self {
+        SummaryCache { coverage, lineage: HashMap::new(), by_member: HashMap::new() }
+    }
+
+    /// Index entries (member chains with summaries recorded).
+    pub fn len(&self) -> usize {
+        self.by_member.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_member.is_empty()
+    }
+
+    /// A member text's (chain, seq): a recorded summary's lineage, or the text itself.
+    fn chain(&self, space: &str, h: u64) -> (u64, u32) {
+        self.lineage.get(&(space.to_string(), h)).copied().unwrap_or((h, 0))
+    }
+
+    /// What to do for `cluster` at `layer` (in `space`) whose content is `members` (`(member, text)`) with hash `key`.
+    pub fn decide(&self, space: &str, layer: u32, cluster: &str, key: &str, members: &[(String, String)]) -> Decision {
+        let mut current: Vec<(String, u64)> = members.iter().map(|(m, t)| (m.clone(), fnv1a(t.as_bytes()))).collect();
+        current.sort();
+        // Current members by chain: (seq, index).
+        let mut now: HashMap<u64, Vec<(u32, usize)>> = HashMap::new();
+        for (i, (_, h)) in current.iter().enumerate() {
+            let (c, q) = self.chain(space, *h);
+            now.entry(c).or_default().push((q, i));
+        }
+        let mut best: Option<(usize, &Made)> = None;
+        let mut seen = std::collections::HashSet::new();
+        for c in now.keys() {
+            for m in self.by_member.get(&(space.to_string(), layer, *c)).into_iter().flatten().rev() {
+                if !seen.insert(std::sync::Arc::as_ptr(m)) {
+                    continue;
+                }
+                if let Some(n) = self.matched(space, &m.coverage.members, &now) {
+                    if best.is_none_or(|(b, _)| n > b) {
+                        best = Some((n, m));
+                    }
+                }
+            }
+        }
+        match best {
+            Some((n, b)) if self.coverage < 1.0 && n as f64 >= self.coverage * current.len() as f64 => {
+                Decision::Reuse { text: b.text.clone(), coverage: b.coverage.clone() }
+            }
+            Some((_, b)) => Decision::Fresh(Coverage {
+                layer,
+                cluster: cluster.to_string(),
+                members: current,
+                chain: b.coverage.chain,
+                seq: b.coverage.seq + 1,
+            }),
+            None => Decision::Fresh(Coverage {
+                layer,
+                cluster: cluster.to_string(),
+                members: current,
+                chain: fnv1a(key.as_bytes()),
+                seq: 0,
+            }),
+        }
+    }
+
+    /// How many current members the summary made from `then` covers, if every one of `then` is still there (by
+    /// text, or by a later summary of its chain); `None` if one is not.
+    fn matched(&self, space: &str, then: &[(String, u64)], now: &HashMap<u64, Vec<(u32, usize)>>) -> Option<usize> {
+        let mut hit = std::collections::HashSet::new();
+        for (_, h) in then {
+            let (c, q) = self.chain(space, *h);
+            let i = now.get(&c)?.iter().find(|(q2, i)| *q2 >= q && !hit.contains(i)).or_else(|| now[&c].iter().find(|(q2, _)| *q2 >= q))?.1;
+            hit.insert(i);
+        }
+        Some(hit.len())
+    }
+
+    /// Records a summary made (or reused, or read back from the log) under `coverage`.
+    pub fn record(&mut self, space: &str, coverage: &Coverage, text: &str) {
+        self.lineage.entry((space.to_string(), fnv1a(text.as_bytes()))).or_insert((coverage.chain, coverage.seq));
+        let made = std::sync::Arc::new(Made { coverage: coverage.clone(), text: text.to_string() });
+        let chains: std::collections::BTreeSet<u64> =
+            coverage.members.iter().map(|(_, h)| self.chain(space, *h).0).collect();
+        for c in chains {
+            let list = self.by_member.entry((space.to_string(), coverage.layer, c)).or_default();
+            if list.iter().any(|m| m.text == text && m.coverage.members == coverage.members) {
+                continue;
+            }
+            list.push(made.clone());
+            if list.len() > KEEP {
+                list.remove(0);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,5 +365,89 @@ mod tests {
         assert_ne!(a, content_hash(&[("a", "x"), ("b", "z")]));
         assert_ne!(a, content_hash(&[("a", "x"), ("c", "y")]));
         assert_eq!(a, content_hash(&[("a", "x"), ("b", "y")]));
+    }
+
+    fn ms(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+    }
+
+    fn made(cache: &mut SummaryCache, space: &str, cluster: &str, members: &[(String, String)], text: &str) -> Coverage {
+        match cache.decide(space, cluster[1..2].parse().unwrap(), cluster, "k", members) {
+            Decision::Fresh(c) => {
+                cache.record(space, &c, text);
+                c
+            }
+            Decision::Reuse { .. } => panic!("expected a fresh summary"),
+        }
+    }
+
+    #[test]
+    fn a_grown_cluster_reuses_its_summary_until_coverage_drops() {
+        let mut cache = SummaryCache::new(0.75);
+        made(&mut cache, "s", "L1:a", &ms(&[("a", "x"), ("b", "y"), ("c", "z")]), "S1");
+        // 3 of 4 members covered: reused.
+        match cache.decide("s", 1, "L1:a", "k2", &ms(&[("a", "x"), ("b", "y"), ("c", "z"), ("d", "w")])) {
+            Decision::Reuse { text, coverage } => {
+                assert_eq!(text, "S1");
+                assert_eq!(coverage.members.len(), 3);
+            }
+            d => panic!("{d:?}"),
+        }
+        // 3 of 5: a fresh summary, continuing the chain.
+        let grown = ms(&[("a", "x"), ("b", "y"), ("c", "z"), ("d", "w"), ("e", "v")]);
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:a", "k3", &grown) else { panic!("coverage 3/5 reused") };
+        assert_eq!(c.seq, 1);
+        assert_eq!(c.members.len(), 5);
+        // Another space: nothing to reuse. Another cluster id (renamed) with the grown content: matched by content.
+        assert!(matches!(cache.decide("t", 1, "L1:a", "k", &grown[..4]), Decision::Fresh(_)));
+        assert!(matches!(cache.decide("s", 1, "L1:b", "k", &grown[..4]), Decision::Reuse { .. }));
+        assert!(matches!(cache.decide("s", 2, "L2:a", "k", &grown[..4]), Decision::Fresh(_)), "another layer");
+        // Coverage 1: never reuse.
+        let mut strict = SummaryCache::new(1.0);
+        made(&mut strict, "s", "L1:a", &grown[..3], "S1");
+        assert!(matches!(strict.decide("s", 1, "L1:a", "k", &grown[..4]), Decision::Fresh(_)));
+    }
+
+    #[test]
+    fn a_removed_or_changed_member_is_never_reused() {
+        let mut cache = SummaryCache::new(0.5);
+        let first = made(&mut cache, "s", "L1:a", &ms(&[("a", "x"), ("b", "y"), ("c", "z")]), "S1");
+        // `c` deleted, `d` joined: S1 saw `c`, so it does not hold; a new chain starts.
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:a", "k2", &ms(&[("a", "x"), ("b", "y"), ("d", "w")])) else {
+            panic!("a summary of a deleted member was reused")
+        };
+        assert_ne!(c.chain, first.chain);
+        assert_eq!(c.seq, 0);
+        // `c` replaced by new text.
+        assert!(matches!(
+            cache.decide("s", 1, "L1:a", "k3", &ms(&[("a", "x"), ("b", "y"), ("c", "changed")])),
+            Decision::Fresh(_)
+        ));
+    }
+
+    #[test]
+    fn a_parent_holds_while_its_children_only_grow() {
+        let mut cache = SummaryCache::new(0.75);
+        let kids = ms(&[("a", "x"), ("b", "y")]);
+        made(&mut cache, "s", "L1:k", &kids, "child one");
+        made(&mut cache, "s", "L2:p", &ms(&[("L1:k", "child one"), ("L1:m", "other")]), "parent");
+        // The child grows past its coverage: a fresh summary in the same chain.
+        let grown = ms(&[("a", "x"), ("b", "y"), ("c", "z"), ("d", "w")]);
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:k", "k2", &grown) else { panic!("2/4 reused") };
+        cache.record("s", &c, "child two");
+        // The parent's summary still holds: its child's new text continues the chain it saw.
+        match cache.decide("s", 2, "L2:p", "k3", &ms(&[("L1:k", "child two"), ("L1:m", "other")])) {
+            Decision::Reuse { text, .. } => assert_eq!(text, "parent"),
+            d => panic!("{d:?}"),
+        }
+        // The child loses a member: a new chain, and the parent must be summarised again.
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:k", "k4", &ms(&[("a", "x"), ("c", "z"), ("d", "w")])) else {
+            panic!("reused after a removal")
+        };
+        cache.record("s", &c, "child three");
+        assert!(matches!(
+            cache.decide("s", 2, "L2:p", "k5", &ms(&[("L1:k", "child three"), ("L1:m", "other")])),
+            Decision::Fresh(_)
+        ));
     }
 }

@@ -487,6 +487,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     let hparams = config.hierarchy.params();
     let dim = config.embedder.dim;
     let words = config.hierarchy.summary_words;
+    let coverage = config.hierarchy.summary_coverage;
     let workers = args.workers.first().copied().unwrap_or(1);
     let json = args.json;
     let (stream, stream_batch, debounce) = (args.stream, args.stream_batch.max(1), args.debounce_epochs);
@@ -498,7 +499,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
         let profile = std::env::var_os("ENGRAM_PROFILE").is_some().then(|| operator_profile(worker));
         for &size in &sizes {
             let probe = ProbeHandle::new();
-            let (req_tx, req_rx) = mpsc::channel::<((String, String), u32, Vec<(String, String)>, isize)>();
+            let (req_tx, req_rx) = mpsc::channel::<((String, String), u32, String, Vec<(String, String)>, isize)>();
             let req_tx = Mutex::new(req_tx);
             let (mut nodes, mut sums) = worker.dataflow::<u64, _, _>(|scope| {
                 let (ni, nodes) = scope.new_collection::<(String, Node), isize>();
@@ -512,24 +513,27 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                 );
                 let sm = operators::hierarchy::dataflow::summaries(nodes.map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged);
                 sm.requests
-                    .inspect(move |((s, l, _c, hsh, ms), _t, d)| {
-                        req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), *l, ms.clone(), *d)).expect("send");
+                    .inspect(move |((s, l, c, hsh, ms), _t, d)| {
+                        req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), *l, c.clone(), ms.clone(), *d)).expect("send");
                     })
                     .probe_with(&probe);
                 h.clusters.probe_with(&probe);
                 (ni, si)
             });
             let mut epoch = 0u64;
-            // Waiting requests: content key → (layer, members, multiplicity, epoch it appeared, answered).
-            type Open = std::collections::BTreeMap<(String, String), (u32, Vec<(String, String)>, isize, u64, bool)>;
+            // Waiting requests: content key → (layer, cluster, members, multiplicity, epoch it appeared, answered).
+            type Open = std::collections::BTreeMap<(String, String), (u32, String, Vec<(String, String)>, isize, u64, bool)>;
             let mut open: Open = Default::default();
             let llm = operators::summary::Extractive { max_words: words };
+            // Summaries made so far: a request whose cluster's earlier summary still holds reuses it (no call).
+            let mut made = operators::summary::SummaryCache::new(coverage);
             // Feeds one batch per epoch, and answers every request that has waited `debounce` epochs unchanged
             // (a cluster that changes gets a new content key, and so a new wait), epoch after epoch until the
             // batches are in and no request waits; returns (seconds, summary calls, calls by layer).
-            let mut run = |batches: Vec<Vec<(String, Node, isize)>>, debounce: u64, worker: &mut timely::worker::Worker| -> (f64, usize, Vec<usize>) {
+            let mut run = |batches: Vec<Vec<(String, Node, isize)>>, debounce: u64, worker: &mut timely::worker::Worker| -> (f64, usize, Vec<usize>, usize) {
                 let t = Instant::now();
                 let mut calls = 0;
+                let mut reused = 0;
                 let mut by_layer: Vec<usize> = Vec::new();
                 let mut batches = batches.into_iter();
                 loop {
@@ -550,44 +554,54 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                     nodes.flush();
                     sums.flush();
                     worker.step_while(|| probe.less_than(&epoch));
-                    while let Ok((k, l, ms, d)) = req_rx.try_recv() {
-                        let e = open.entry(k).or_insert((l, ms, 0, epoch, false));
-                        e.2 += d;
+                    while let Ok((k, l, c, ms, d)) = req_rx.try_recv() {
+                        let e = open.entry(k).or_insert((l, c, ms, 0, epoch, false));
+                        e.3 += d;
                     }
-                    open.retain(|_, v| v.2 != 0);
+                    open.retain(|_, v| v.3 != 0);
                     if open.is_empty() && !fed {
                         break;
                     }
-                    for (k, (l, ms, _, since, answered)) in open.iter_mut() {
+                    for (k, (l, c, ms, _, since, answered)) in open.iter_mut() {
                         if *answered || epoch - *since < debounce {
                             continue;
                         }
                         *answered = true;
-                        let l = *l as usize;
-                        if by_layer.len() < l {
-                            by_layer.resize(l, 0);
-                        }
-                        by_layer[l - 1] += 1;
-                        let texts: Vec<&str> = ms.iter().map(|m| m.1.as_str()).collect();
-                        let s = operators::summary::Llm::summarize(&llm, &texts).expect("extractive");
+                        let s = match made.decide(&k.0, *l, c, &k.1, ms) {
+                            operators::summary::Decision::Reuse { text, .. } => {
+                                reused += 1;
+                                text
+                            }
+                            operators::summary::Decision::Fresh(cov) => {
+                                let l = *l as usize;
+                                if by_layer.len() < l {
+                                    by_layer.resize(l, 0);
+                                }
+                                by_layer[l - 1] += 1;
+                                let texts: Vec<&str> = ms.iter().map(|m| m.1.as_str()).collect();
+                                let s = operators::summary::Llm::summarize(&llm, &texts).expect("extractive");
+                                made.record(&k.0, &cov, &s);
+                                calls += 1;
+                                s
+                            }
+                        };
                         if worker.index() == 0 {
                             sums.update((k.clone(), s), 1);
                         }
-                        calls += 1;
                     }
                 }
                 if let Some(p) = &profile {
                     p.report(worker.index());
                 }
-                (t.elapsed().as_secs_f64(), calls, by_layer)
+                (t.elapsed().as_secs_f64(), calls, by_layer, reused)
             };
             let topics = (size as u64 / 25).max(1);
             let lead = worker.index() == 0;
             let mine = |start: usize, n: usize| if lead { synthetic(start, n, topics) } else { Vec::new() };
-            let (rebuild, rebuild_calls, rebuild_by_layer) = run(vec![mine(0, size)], 0, worker);
+            let (rebuild, rebuild_calls, rebuild_by_layer, _) = run(vec![mine(0, size)], 0, worker);
             let mut next = size;
             for &b in &batches {
-                let (secs, calls, by_layer) = run(vec![mine(next, b)], 0, worker);
+                let (secs, calls, by_layer, reused) = run(vec![mine(next, b)], 0, worker);
                 next += b;
                 if worker.index() == 0 {
                     tx.send(serde_json::json!({
@@ -595,7 +609,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                         "rebuild_seconds": rebuild, "speedup": rebuild / secs,
                         "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / b as f64,
                         "rebuild_summary_calls": rebuild_calls, "summary_calls_by_layer": by_layer,
-                        "rebuild_summary_calls_by_layer": rebuild_by_layer,
+                        "rebuild_summary_calls_by_layer": rebuild_by_layer, "summaries_reused": reused,
                         "workers": worker.peers(),
                     }))
                     .expect("send");
@@ -606,14 +620,14 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                     .map(|i| mine(next + i * stream_batch, stream_batch.min(stream - i * stream_batch)))
                     .collect();
                 let n = epochs.len();
-                let (secs, calls, by_layer) = run(epochs, debounce, worker);
+                let (secs, calls, by_layer, reused) = run(epochs, debounce, worker);
                 if worker.index() == 0 {
                     tx.send(serde_json::json!({
                         "bench": "hierarchy-stream", "memory_chunks": size, "batch": stream_batch, "chunks": stream,
                         "debounce_epochs": debounce, "seconds": secs, "seconds_per_batch": secs / n as f64,
                         "rebuild_seconds": rebuild, "rebuild_summary_calls": rebuild_calls,
                         "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / stream as f64,
-                        "summary_calls_by_layer": by_layer, "workers": worker.peers(),
+                        "summary_calls_by_layer": by_layer, "summaries_reused": reused, "workers": worker.peers(),
                     }))
                     .expect("send");
                 }
@@ -634,17 +648,17 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
             println!("{p}");
         } else if p["bench"] == "hierarchy-stream" {
             println!(
-                "memory={:<7} stream of {} chunks, {} per epoch, debounce {} epochs: {:.3}s per epoch, summary_calls/chunk={:.3} by layer {}",
+                "memory={:<7} stream of {} chunks, {} per epoch, debounce {} epochs: {:.3}s per epoch, summary_calls/chunk={:.3} by layer {}, reused {}",
                 p["memory_chunks"], p["chunks"], p["batch"], p["debounce_epochs"],
                 p["seconds_per_batch"].as_f64().unwrap_or(0.0), p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0),
-                p["summary_calls_by_layer"]
+                p["summary_calls_by_layer"], p["summaries_reused"]
             );
         } else {
             println!(
-                "memory={:<7} batch={:<4} insert={:>8.3}s rebuild={:>8.2}s speedup={:>7.1}x summary_calls/chunk={:.3} by layer {}",
+                "memory={:<7} batch={:<4} insert={:>8.3}s rebuild={:>8.2}s speedup={:>7.1}x summary_calls/chunk={:.3} by layer {}, reused {}",
                 p["memory_chunks"], p["batch"], p["insert_seconds"].as_f64().unwrap_or(0.0),
                 p["rebuild_seconds"].as_f64().unwrap_or(0.0), p["speedup"].as_f64().unwrap_or(0.0),
-                p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0), p["summary_calls_by_layer"]
+                p["summary_calls_per_chunk"].as_f64().unwrap_or(0.0), p["summary_calls_by_layer"], p["summaries_reused"]
             );
         }
     }

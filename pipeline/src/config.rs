@@ -97,6 +97,9 @@ pub struct HierarchyConfig {
     pub summary_debounce: Duration,
     /// Word budget of an extractive summary.
     pub summary_words: usize,
+    /// A cluster whose content grew reuses its earlier summary while that summary covers at least this share of its
+    /// members and saw nothing the cluster has lost (see `SummaryCache`); 1 asks the model on every change.
+    pub summary_coverage: f64,
 }
 
 impl HierarchyConfig {
@@ -238,6 +241,9 @@ impl Config {
     pub fn validate(&self) -> Vec<String> {
         let mut errs = self.similarity.validate();
         errs.extend(self.hierarchy.params().validate());
+        if !(self.hierarchy.summary_coverage > 0.0 && self.hierarchy.summary_coverage <= 1.0) {
+            errs.push(format!("hierarchy.summary-coverage must be in (0, 1], got {}", self.hierarchy.summary_coverage));
+        }
         if self.hierarchy.summary_words == 0 {
             errs.push("hierarchy.summary-words must be positive".into());
         }

@@ -104,6 +104,8 @@ pub struct Shared {
     /// Logged query-time replies of the configured model (answers, selections, plans, explorer choices):
     /// (space, `q:` key) → reply.
     answers: Mutex<HashMap<(String, String), String>>,
+    /// Cluster summaries made so far (seeded from the response log): what a grown cluster can reuse.
+    pub summary_cache: Mutex<operators::summary::SummaryCache>,
 }
 
 /// The response-log key prefix of query-time calls (never an input of the dataflow).
@@ -281,7 +283,11 @@ impl Shared {
         }
         items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
         let mut answers = HashMap::new();
+        let mut summary_cache = operators::summary::SummaryCache::new(config.hierarchy.summary_coverage);
         for r in responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model()) {
+            if let Some(c) = &r.covers {
+                summary_cache.record(&r.space, c, &r.response);
+            }
             if r.key.starts_with(QUERY_KEY) {
                 answers.insert((r.space, r.key), r.response);
             } else {
@@ -308,6 +314,7 @@ impl Shared {
             place,
             clock: AtomicU64::new(0),
             answers: Mutex::new(answers),
+            summary_cache: Mutex::new(summary_cache),
             outputs,
             config,
         }))
@@ -335,7 +342,7 @@ impl Shared {
         }
         let Some(reply) = call(self.llm.as_ref())? else { return Ok(None) };
         let text = serde_json::to_string(&reply).map_err(|e| operators::summary::LlmError::BadReply(e.to_string()))?;
-        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: text.clone() };
+        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: text.clone(), covers: None };
         match self.response_log.lock().expect("response log lock").append(std::slice::from_ref(&logged)) {
             Ok(()) => {
                 self.outputs.responses(std::slice::from_ref(&logged));
@@ -922,8 +929,9 @@ fn judge_pair(llm: &dyn Llm, pair: &[&str]) -> Result<String, operators::summary
 /// session (a meeting being transcribed) changes with every turn and so never waits out the debounce: its newest
 /// content is sent anyway once `events.max-latency` has passed since the session was last sent.
 pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
-    type Job = ((String, String), String, Vec<String>);
-    type Done = ((String, String), Result<String, operators::summary::LlmError>, Duration);
+    use operators::summary::{Coverage, Decision};
+    type Job = ((String, String), String, Vec<String>, Option<Coverage>);
+    type Done = ((String, String), Result<String, operators::summary::LlmError>, Duration, Option<Coverage>);
     let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
     let job_rx = Arc::new(Mutex::new(job_rx));
@@ -933,7 +941,7 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
             .name(format!("engram-llm-{i}"))
             .spawn(move || loop {
                 let job = job_rx.lock().expect("job lock").recv();
-                let Ok((key, tag, texts)) = job else { return };
+                let Ok((key, tag, texts, covers)) = job else { return };
                 let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
                 let t = Instant::now();
                 let out = if key.1.starts_with("seg:") {
@@ -943,7 +951,7 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                 } else {
                     shared.llm.summarize(&refs)
                 };
-                if done_tx.send((key, out, t.elapsed())).is_err() {
+                if done_tx.send((key, out, t.elapsed(), covers)).is_err() {
                     return;
                 }
             })
@@ -960,15 +968,15 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
             // Per live session (space, tag): since when its newest turns have waited for the model.
             let mut session_since: HashMap<(String, String), Instant> = HashMap::new();
             while !shared.shutdown.load(Ordering::Relaxed) {
-                // ((space, content hash), layer, cluster or session tag, texts)
-                let waiting: Vec<((String, String), u32, String, Vec<String>)> = {
+                // ((space, content hash), layer, cluster or session tag, (member, text))
+                let waiting: Vec<((String, String), u32, String, Vec<(String, String)>)> = {
                     let views = shared.views.read().expect("views lock");
                     views
                         .spaces
                         .iter()
                         .flat_map(|(s, v)| {
                             v.requests.iter().map(move |(h, (layer, cluster, ms))| {
-                                ((s.clone(), h.clone()), *layer, cluster.clone(), ms.iter().map(|m| m.1.clone()).collect())
+                                ((s.clone(), h.clone()), *layer, cluster.clone(), ms.clone())
                             })
                         })
                         .collect()
@@ -980,7 +988,8 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                     waiting.iter().filter(|w| w.1 == SESSION_LAYER).map(|w| (w.0 .0.clone(), w.2.clone())).collect();
                 session_since.retain(|k, _| sessions.contains(k));
                 let now = Instant::now();
-                for (key, layer, tag, texts) in waiting.iter() {
+                let mut done = Vec::new();
+                for (key, layer, tag, members) in waiting.iter() {
                     let seen = *first_seen.entry(key.clone()).or_insert(now);
                     let stable = now.duration_since(seen) >= debounce;
                     let overdue = *layer == SESSION_LAYER && {
@@ -992,22 +1001,46 @@ pub fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
                         if *layer == SESSION_LAYER {
                             session_since.insert((key.0.clone(), tag.clone()), now);
                         }
-                        let _ = job_tx.send((key.clone(), tag.clone(), texts.clone()));
+                        let texts: Vec<String> = members.iter().map(|m| m.1.clone()).collect();
+                        if *layer == SESSION_LAYER || *layer == JUDGE_LAYER {
+                            let _ = job_tx.send((key.clone(), tag.clone(), texts, None));
+                            continue;
+                        }
+                        // A cluster: an earlier summary of a part of its content may still hold.
+                        let decision = shared.summary_cache.lock().expect("summary cache lock").decide(&key.0, *layer, tag, &key.1, members);
+                        match decision {
+                            Decision::Reuse { text, coverage } => {
+                                shared.metrics.summaries_reused.inc();
+                                done.push(LoggedResponse {
+                                    model: shared.llm.model().to_string(),
+                                    space: key.0.clone(),
+                                    key: key.1.clone(),
+                                    response: text,
+                                    covers: Some(coverage),
+                                });
+                            }
+                            Decision::Fresh(coverage) => {
+                                let _ = job_tx.send((key.clone(), tag.clone(), texts, Some(coverage)));
+                            }
+                        }
                     }
                 }
-                let mut done = Vec::new();
-                while let Ok((key, out, took)) = done_rx.try_recv() {
+                while let Ok((key, out, took, covers)) = done_rx.try_recv() {
                     match out {
                         Ok(summary) => {
                             if extractive {
                                 shared.metrics.llm.requests.with_label_values(&["summary", "ok"]).inc();
                                 shared.metrics.llm.duration.with_label_values(&["summary"]).observe(took.as_secs_f64());
                             }
+                            if let Some(c) = &covers {
+                                shared.summary_cache.lock().expect("summary cache lock").record(&key.0, c, &summary);
+                            }
                             done.push(LoggedResponse {
                                 model: shared.llm.model().to_string(),
                                 space: key.0,
                                 key: key.1,
                                 response: summary,
+                                covers,
                             });
                         }
                         Err(e) => {

@@ -17,6 +17,8 @@ pub struct Metrics {
     pub query_duration: HistogramVec,
     pub clusters: IntGauge,
     pub summary_backlog: IntGauge,
+    /// Cluster summaries served from an earlier summary that still holds (no model call).
+    pub summaries_reused: IntCounter,
     pub llm: connectors::llm::LlmMetrics,
     /// The OpenAI-compatible embedder's requests (`engram_embedder_requests_total{stage,outcome}`, …).
     pub embedder_requests: connectors::llm::LlmMetrics,
@@ -76,6 +78,11 @@ impl Metrics {
             "Clusters waiting for a summary (debouncing or in flight)",
         )
         .expect("metric");
+        let summaries_reused = IntCounter::new(
+            "engram_summaries_reused_total",
+            "Cluster summaries reused from an earlier summary of a part of the same content (no model call)",
+        )
+        .expect("metric");
         let llm = connectors::llm::LlmMetrics::new(&registry).expect("LLM metrics");
         let embedder_requests =
             connectors::llm::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
@@ -85,7 +92,7 @@ impl Metrics {
         for m in [
             Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(summary_backlog.clone()),
-
+            Box::new(summaries_reused.clone()),
             Box::new(records_in.clone()),
             Box::new(records_rejected.clone()),
             Box::new(epochs.clone()),
@@ -115,6 +122,7 @@ impl Metrics {
             input_log_fsync,
             clusters,
             summary_backlog,
+            summaries_reused,
             llm,
             embedder_requests,
             embedder,

@@ -11,7 +11,15 @@ fn example(name: &str) -> String {
     format!("{}/../examples/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-const ENV: &[(&str, &str)] = &[("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms")];
+const ENV: &[(&str, &str)] =
+    &[("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"), ("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "0.5")];
+
+/// The news space's pending summaries, once it has more than the example's 59 nodes.
+async fn settled_pending(engine: &Engine) -> Option<u64> {
+    let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+    let news = spaces["spaces"].as_array()?.iter().find(|s| s["space"] == "news")?.clone();
+    (news["nodes"].as_u64()? > 59).then(|| news["summaries_pending"].as_u64()).flatten()
+}
 
 /// Waits until the news space has its hierarchy and every cluster its summary.
 async fn settled(engine: &Engine) -> serde_json::Value {
@@ -51,7 +59,8 @@ async fn clusters_summaries_deletes_and_restart() {
     let layers: Vec<u64> = before["layers"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect();
     assert!(layers.windows(2).all(|w| w[1] < w[0]), "every kept layer shrinks: {layers:?}");
     let calls = metric(&engine, "engram_llm_requests_total").await;
-    assert_eq!(calls as usize, log_lines(&engine), "every call is logged once");
+    let reused = metric(&engine, "engram_summaries_reused_total").await;
+    assert_eq!((calls + reused) as usize, log_lines(&engine), "every summary, made or reused, is logged once");
     assert_eq!(calls as u64, layers[1..].iter().sum::<u64>(), "one summary per cluster");
 
     // A chunk's parents are layer-1 clusters with a summary and children.
@@ -78,6 +87,26 @@ async fn clusters_summaries_deletes_and_restart() {
     assert_eq!(steps[0], "seed");
     assert!(steps.contains(&"round"));
 
+    // The storm report grows by a paragraph close to its first: the clusters that take it in reuse their summaries
+    // (coverage 0.5 here), logged with what they cover; nothing is asked of the model for them.
+    let first = chunk["text"].as_str().unwrap().to_string();
+    let grown = json!({"kind": "chunk", "doc": "pm-2026-11-23-storm", "seq": 99,
+                       "text": format!("{first} Crews worked through the night.")});
+    let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), grown.to_string()).await;
+    let receipt = r["receipt"].as_str().unwrap().to_string();
+    let (status, _) = get(&format!("{}?after={receipt}", url("pm-2026-11-23-storm#99"))).await;
+    assert_eq!(status, 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while settled_pending(&engine).await != Some(0) {
+        assert!(Instant::now() < deadline, "summaries did not settle after the growth");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reused = metric(&engine, "engram_summaries_reused_total").await;
+    assert!(reused > 0.0, "a grown cluster reused its summary");
+    let logged = std::fs::read_to_string(engine.data_dir.join("responses.log")).unwrap();
+    assert!(logged.lines().all(|l| l.contains("\"covers\"")), "every cluster summary logs its coverage");
+    let calls = metric(&engine, "engram_llm_requests_total").await;
+
     // Delete the storm report: its chunks leave every cluster; changed clusters are summarised again.
     let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), json!({"kind":"delete","doc":"pm-2026-11-23-storm"}).to_string()).await;
     let receipt = r["receipt"].as_str().unwrap().to_string();
@@ -99,7 +128,38 @@ async fn clusters_summaries_deletes_and_restart() {
         assert!(!c["children"].as_array().unwrap().iter().any(|x| x.as_str().unwrap().starts_with("pm-2026-11-23-storm")));
     }
     let after_delete = log_lines(&engine);
-    assert!(after_delete > calls as usize, "changed clusters were summarised again");
+    assert!(metric(&engine, "engram_llm_requests_total").await > calls, "changed clusters were summarised again");
+    // No summary anywhere still quotes the deleted report (extractive summaries copy sentences): every summary
+    // that saw it was made again, up to the top, reused or not.
+    let storm: Vec<String> = std::fs::read_to_string(example("news.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["doc"] == "pm-2026-11-23-storm")
+        .flat_map(|r| r["text"].as_str().unwrap().split(". ").map(|s| s.trim_end_matches('.').to_string()).collect::<Vec<_>>())
+        .filter(|s| s.split_whitespace().count() >= 6)
+        .collect();
+    let mut todo: Vec<String> = vec!["pm-2026-11-26-council-vote#0".into()];
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id.clone()) {
+            continue;
+        }
+        let (status, node) = get(&url(&id)).await;
+        assert_eq!(status, 200, "{id}: {node}");
+        if node["layer"].as_u64() > Some(0) {
+            let text = node["text"].as_str().unwrap();
+            for s in &storm {
+                assert!(!text.contains(s.as_str()), "{id} still quotes the deleted report: {s:?} in {text:?}");
+            }
+        }
+        for p in node["parents"].as_array().into_iter().flatten().chain(node["neighbours"].as_array().into_iter().flatten()) {
+            if let Some(p) = p.as_str().or_else(|| p["id"].as_str()) {
+                todo.push(p.to_string());
+            }
+        }
+    }
+    assert!(seen.iter().any(|s| s.starts_with("L2")), "walked up the layers: {seen:?}");
     assert_eq!(engine.terminate(), Some(0));
 
     // Restart on the same data: the hierarchy comes back from the logs with no summary call.
