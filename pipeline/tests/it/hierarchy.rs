@@ -14,11 +14,19 @@ fn example(name: &str) -> String {
 const ENV: &[(&str, &str)] =
     &[("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"), ("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "0.5")];
 
-/// The news space's pending summaries, once it has more than the example's 59 nodes.
-async fn settled_pending(engine: &Engine) -> Option<u64> {
-    let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
-    let news = spaces["spaces"].as_array()?.iter().find(|s| s["space"] == "news")?.clone();
-    (news["nodes"].as_u64()? > 59).then(|| news["summaries_pending"].as_u64()).flatten()
+/// Waits until `space` has `nodes` nodes, at least one cluster and no summary pending.
+async fn quiet(engine: &Engine, space: &str, nodes: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if let Some(s) = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == space) {
+            if s["nodes"] == nodes && s["clusters"].as_u64() > Some(0) && s["summaries_pending"] == 0 {
+                return s.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "{space} did not settle: {spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until the news space has its hierarchy and every cluster its summary.
@@ -87,24 +95,6 @@ async fn clusters_summaries_deletes_and_restart() {
     assert_eq!(steps[0], "seed");
     assert!(steps.contains(&"round"));
 
-    // The storm report grows by a paragraph close to its first: the clusters that take it in reuse their summaries
-    // (coverage 0.5 here), logged with what they cover; nothing is asked of the model for them.
-    let first = chunk["text"].as_str().unwrap().to_string();
-    let grown = json!({"kind": "chunk", "doc": "pm-2026-11-23-storm", "seq": 99,
-                       "text": format!("{first} Crews worked through the night.")});
-    let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), grown.to_string()).await;
-    let receipt = r["receipt"].as_str().unwrap().to_string();
-    let (status, _) = get(&format!("{}?after={receipt}", url("pm-2026-11-23-storm#99"))).await;
-    assert_eq!(status, 200);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while settled_pending(&engine).await != Some(0) {
-        assert!(Instant::now() < deadline, "summaries did not settle after the growth");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let reused = metric(&engine, "engram_summaries_reused_total").await;
-    assert!(reused > 0.0, "a grown cluster reused its summary");
-    let logged = std::fs::read_to_string(engine.data_dir.join("responses.log")).unwrap();
-    assert!(logged.lines().all(|l| l.contains("\"covers\"")), "every cluster summary logs its coverage");
     let calls = metric(&engine, "engram_llm_requests_total").await;
 
     // Delete the storm report: its chunks leave every cluster; changed clusters are summarised again.
@@ -177,4 +167,60 @@ async fn clusters_summaries_deletes_and_restart() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(metric(&engine, "engram_llm_requests_total").await, 0.0, "a restart repeats no call");
     assert_eq!(log_lines(&engine), after_delete);
+}
+
+/// Two unrelated documents, three paragraphs each, make two layer-1 clusters. A fourth paragraph of the first joins
+/// its cluster: the summary of the three still holds (it covers 3 of 4 members, nothing lost), so it is reused —
+/// logged with its coverage, no call. Replacing a paragraph the summary saw asks the model again.
+#[tokio::test]
+async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], ENV);
+    let chunk = |doc: &str, seq: u32, text: &str| json!({"kind": "chunk", "doc": doc, "seq": seq, "text": text}).to_string();
+    let tide = [
+        "The tide gauge at the harbour recorded a surge. The harbour wall was overtopped by the tide.",
+        "Harbour crews watched the tide surge over the wall. The gauge at the harbour broke its record.",
+        "After the surge the harbour wall needs repair. The tide gauge will be moved along the harbour.",
+    ];
+    let cup = [
+        "The football club won the cup semi-final. The striker scored a late goal for the club.",
+        "A late goal by the striker sent the club to the cup final. The football crowd sang for the striker.",
+        "The club will play the cup final in May. The striker and the football club trained on Monday.",
+    ];
+    let body: Vec<String> =
+        tide.iter().enumerate().map(|(i, t)| chunk("tide", i as u32, t)).chain(cup.iter().enumerate().map(|(i, t)| chunk("cup", i as u32, t))).collect();
+    let records = format!("{}/v1/spaces/grow/records", engine.api);
+    let (status, r) = post(&records, body.join("\n")).await;
+    assert_eq!(status, 200, "{r}");
+    let space = quiet(&engine, "grow", 6).await;
+    assert_eq!(space["clusters"], 2, "{space}");
+    let calls = metric(&engine, "engram_llm_requests_total").await;
+    assert_eq!(calls, 2.0);
+    assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 0.0);
+    let node = |id: &str| format!("{}/v1/spaces/grow/nodes/{}", engine.api, id.replace('#', "%23"));
+    let (_, t0) = get(&node("tide#0")).await;
+    let cluster = t0["parents"][0].as_str().unwrap().to_string();
+    let (_, before) = get(&node(&cluster)).await;
+
+    let (_, r) = post(&records, chunk("tide", 3, "The harbour tide surge and the gauge: the wall of the harbour held the tide.")).await;
+    assert_eq!(r["accepted"], 1, "{r}");
+    quiet(&engine, "grow", 7).await;
+    let (_, after) = get(&node(&cluster)).await;
+    assert_eq!(after["children"].as_array().unwrap().len(), 4, "{after}");
+    assert_eq!(after["text"], before["text"], "the summary of the three is kept");
+    assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
+    assert_eq!(metric(&engine, "engram_llm_requests_total").await, calls, "no call for the grown cluster");
+    let logged = std::fs::read_to_string(engine.data_dir.join("responses.log")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(logged.lines().last().unwrap()).unwrap();
+    assert_eq!(last["covers"]["members"].as_array().unwrap().len(), 3, "{last}");
+
+    // A paragraph the summary saw changes: the summary no longer holds.
+    let (_, r) = post(&records, chunk("tide", 1, "Harbour crews watched the tide surge over the wall and the gauge at the harbour.")).await;
+    assert_eq!(r["accepted"], 1, "{r}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&engine, "engram_llm_requests_total").await == calls {
+        assert!(Instant::now() < deadline, "the changed cluster was not summarised again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
 }
