@@ -161,6 +161,10 @@ pub fn extractive_summary(texts: &[&str], max_words: usize) -> String {
         if used > 0 && used + n > max_words {
             continue;
         }
+        // A sentence several members share (an upper layer's members quote the same source) is said once.
+        if chosen.iter().any(|(_, c)| *c == s) {
+            continue;
+        }
         chosen.push((i, s));
         used += n;
         if used >= max_words {
@@ -357,6 +361,14 @@ mod tests {
         assert!(s.contains("harbour") || s.contains("Harbour"), "{s}");
         assert!(!s.contains("cat slept"), "peripheral sentence kept: {s}");
         assert_eq!(s, extractive_summary(&texts, 20), "deterministic");
+    }
+
+    #[test]
+    fn a_sentence_shared_by_members_is_said_once() {
+        let texts = ["The sea wall was approved. Gulls.", "The sea wall was approved. The vote was close on the sea wall."];
+        let s = extractive_summary(&texts, 40);
+        assert_eq!(s.matches("The sea wall was approved.").count(), 1, "{s}");
+        assert!(s.contains("vote was close"), "{s}");
     }
 
     #[test]
