@@ -423,6 +423,13 @@ mod tests {
         assert!(e.contains("hierarchy.min-shrink"), "{e}");
         let e = load(Some("[hierarchy]\nmin-shrink = \"some\"\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("min-shrink"), "{e}");
+        for bad in ["0", "1.5", "-0.2"] {
+            let e = load(None, &[("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", bad)]).unwrap_err().to_string();
+            assert!(e.contains("hierarchy.summary-coverage must be in (0, 1]"), "{bad}: {e}");
+        }
+        let e = load(None, &[("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "most")]).unwrap_err().to_string();
+        assert!(e.contains("summary-coverage"), "{e}");
+        assert!(load(None, &[("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "1")]).is_ok());
         let e = load(Some("this is not toml ["), &[]).unwrap_err().to_string();
         assert!(e.contains("TOML") || e.contains("expected"), "{e}");
     }
