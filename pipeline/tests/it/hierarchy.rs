@@ -171,7 +171,8 @@ async fn clusters_summaries_deletes_and_restart() {
 
 /// Two unrelated documents, three paragraphs each, make two layer-1 clusters. A fourth paragraph of the first joins
 /// its cluster: the summary of the three still holds (it covers 3 of 4 members, nothing lost), so it is reused —
-/// logged with its coverage, no call. Replacing a paragraph the summary saw asks the model again.
+/// logged with its coverage, no call. Replacing a paragraph the summary saw asks the model again. After a restart the
+/// cache is read back from the response log and the next growth reuses again.
 #[tokio::test]
 async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,5 +223,26 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
         assert!(Instant::now() < deadline, "the changed cluster was not summarised again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    quiet(&engine, "grow", 7).await;
     assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
+    let (_, changed) = get(&node(&cluster)).await;
+    assert_ne!(changed["text"], before["text"]);
+    let mut engine = engine;
+    assert_eq!(engine.terminate(), Some(0));
+    drop(engine);
+
+    // After a restart the summaries made so far are read back with their coverage: the next growth reuses the
+    // summary of the four, still with no call.
+    let engine = Engine::start(dir.path(), &[], ENV);
+    let records = format!("{}/v1/spaces/grow/records", engine.api);
+    let node = |id: &str| format!("{}/v1/spaces/grow/nodes/{}", engine.api, id.replace('#', "%23"));
+    quiet(&engine, "grow", 7).await;
+    let (_, r) = post(&records, chunk("tide", 4, "The gauge and the harbour wall: the tide surge at the harbour was a record.")).await;
+    assert_eq!(r["accepted"], 1, "{r}");
+    quiet(&engine, "grow", 8).await;
+    let (_, grown) = get(&node(&cluster)).await;
+    assert_eq!(grown["children"].as_array().unwrap().len(), 5, "{grown}");
+    assert_eq!(grown["text"], changed["text"]);
+    assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
+    assert_eq!(metric(&engine, "engram_llm_requests_total").await, 0.0, "no call after the restart");
 }
