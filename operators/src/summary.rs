@@ -240,6 +240,9 @@ struct Made {
 #[derive(Debug)]
 pub struct SummaryCache {
     coverage: f64,
+    /// Summaries remembered at most; past it the cache starts over (reuse is an optimisation: a forgotten summary
+    /// only means a call, and a forgotten lineage only means a member must match by its exact text).
+    limit: usize,
     /// (space, summary text hash) → (chain, seq).
     lineage: HashMap<(String, u64), (u64, u32)>,
     /// (space, layer, a member's chain) → summaries made from that member, newest last (at most `KEEP`).
@@ -252,16 +255,21 @@ const KEEP: usize = 8;
 impl SummaryCache {
     /// `coverage` in (0, 1]; 1 reuses nothing (every content change asks the model).
     pub fn new(coverage: f64) -> Self {
-        SummaryCache { coverage, lineage: HashMap::new(), by_member: HashMap::new() }
+        Self::with_limit(coverage, 1 << 20)
     }
 
-    /// Index entries (member chains with summaries recorded).
+    /// As [`SummaryCache::new`], remembering at most `limit` summaries.
+    pub fn with_limit(coverage: f64, limit: usize) -> Self {
+        SummaryCache { coverage, limit, lineage: HashMap::new(), by_member: HashMap::new() }
+    }
+
+    /// Summary texts remembered.
     pub fn len(&self) -> usize {
-        self.by_member.len()
+        self.lineage.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_member.is_empty()
+        self.lineage.is_empty()
     }
 
     /// A member text's (chain, seq): a recorded summary's lineage, or the text itself.
@@ -328,6 +336,10 @@ impl SummaryCache {
 
     /// Records a summary made (or reused, or read back from the log) under `coverage`.
     pub fn record(&mut self, space: &str, coverage: &Coverage, text: &str) {
+        if self.lineage.len() >= self.limit {
+            self.lineage.clear();
+            self.by_member.clear();
+        }
         self.lineage.entry((space.to_string(), fnv1a(text.as_bytes()))).or_insert((coverage.chain, coverage.seq));
         let made = std::sync::Arc::new(Made { coverage: coverage.clone(), text: text.to_string() });
         let chains: std::collections::BTreeSet<u64> =
@@ -418,6 +430,18 @@ mod tests {
         let mut strict = SummaryCache::new(1.0);
         made(&mut strict, "s", "L1:a", &grown[..3], "S1");
         assert!(matches!(strict.decide("s", 1, "L1:a", "k", &grown[..4]), Decision::Fresh(_)));
+    }
+
+    #[test]
+    fn a_full_cache_starts_over() {
+        let mut cache = SummaryCache::with_limit(0.5, 2);
+        made(&mut cache, "s", "L1:a", &ms(&[("a", "x"), ("b", "y")]), "S1");
+        made(&mut cache, "s", "L1:c", &ms(&[("c", "u"), ("d", "v")]), "S2");
+        assert!(matches!(cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])), Decision::Reuse { .. }));
+        // The third summary finds the cache full: it starts over with S3 alone.
+        made(&mut cache, "s", "L1:f", &ms(&[("f", "p"), ("g", "q")]), "S3");
+        assert!(matches!(cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])), Decision::Fresh(_)));
+        assert!(matches!(cache.decide("s", 1, "L1:f", "k", &ms(&[("f", "p"), ("g", "q"), ("h", "r")])), Decision::Reuse { .. }));
     }
 
     #[test]
