@@ -206,9 +206,11 @@ pub struct Coverage {
     /// `(member, hash of the member's text)` for every member the summary was made from, sorted by member.
     pub members: Vec<(String, u64)>,
     /// The summary's lineage: a summary made from the content of an earlier one plus more continues that one's
-    /// chain with the next `seq`; any other starts a chain.
+    /// chain with the next `seq` and names it in `from` (the hash of its text); any other starts a chain.
     pub chain: u64,
     pub seq: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<u64>,
 }
 
 /// What to do with a cluster that has no summary for its exact content.
@@ -229,10 +231,10 @@ struct Made {
 
 /// Summaries made so far, and the rule that reuses one for a cluster whose content grew.
 ///
-/// A member's content is its text; a member that is itself a cluster shows its summary, and a later summary of the
-/// same chain (made from that summary's content and more) stands for the earlier one. A summary *holds* for a
-/// cluster's current content when every member it was made from is still there, by text or by a later summary of
-/// its chain. So a held summary was made from a part of the current content, never from a removed or changed
+/// A member's content is its text; a member that is itself a cluster shows its summary, and a summary that grew
+/// from it (made from its content and more, directly or through others that grew so) stands for it. A summary
+/// *holds* for a cluster's current content when every member it was made from is still there, by text or by a
+/// summary that grew from it. So a held summary was made from a part of the current content, never from a removed or changed
 /// member: deleting a document re-summarises every cluster whose summary saw it, up to the top. It is reused when
 /// it covers at least `coverage` of the current members. Matching goes by content, not by cluster id, so a cluster
 /// renamed by label propagation or by a new smallest member still finds its summary. Reusing keeps the cluster's
@@ -243,8 +245,8 @@ pub struct SummaryCache {
     /// Summaries remembered at most; past it the cache starts over (reuse is an optimisation: a forgotten summary
     /// only means a call, and a forgotten lineage only means a member must match by its exact text).
     limit: usize,
-    /// (space, summary text hash) → (chain, seq).
-    lineage: HashMap<(String, u64), (u64, u32)>,
+    /// (space, summary text hash) → (chain, the text it grew from).
+    lineage: HashMap<(String, u64), (u64, Option<u64>)>,
     /// (space, layer, a member's chain) → summaries made from that member, newest last (at most `KEEP`).
     by_member: HashMap<(String, u32, u64), Vec<std::sync::Arc<Made>>>,
 }
@@ -272,20 +274,35 @@ impl SummaryCache {
         self.lineage.is_empty()
     }
 
-    /// A member text's (chain, seq): a recorded summary's lineage, or the text itself.
-    fn chain(&self, space: &str, h: u64) -> (u64, u32) {
-        self.lineage.get(&(space.to_string(), h)).copied().unwrap_or((h, 0))
+    /// A member text's chain: a recorded summary's, or the text itself.
+    fn chain(&self, space: &str, h: u64) -> u64 {
+        self.lineage.get(&(space.to_string(), h)).map_or(h, |l| l.0)
+    }
+
+    /// Whether text `now` is `then` or a summary that grew from it (following `from`, at most 64 steps). Siblings —
+    /// two summaries that grew from one — do not stand for each other: one may have seen a member the other lost.
+    fn grew_from(&self, space: &str, now: u64, then: u64) -> bool {
+        let mut cur = now;
+        for _ in 0..64 {
+            if cur == then {
+                return true;
+            }
+            match self.lineage.get(&(space.to_string(), cur)) {
+                Some((_, Some(p))) => cur = *p,
+                _ => return false,
+            }
+        }
+        false
     }
 
     /// What to do for `cluster` at `layer` (in `space`) whose content is `members` (`(member, text)`) with hash `key`.
     pub fn decide(&self, space: &str, layer: u32, cluster: &str, key: &str, members: &[(String, String)]) -> Decision {
         let mut current: Vec<(String, u64)> = members.iter().map(|(m, t)| (m.clone(), fnv1a(t.as_bytes()))).collect();
         current.sort();
-        // Current members by chain: (seq, index).
-        let mut now: HashMap<u64, Vec<(u32, usize)>> = HashMap::new();
+        // Current members by chain: (text hash, index).
+        let mut now: HashMap<u64, Vec<(u64, usize)>> = HashMap::new();
         for (i, (_, h)) in current.iter().enumerate() {
-            let (c, q) = self.chain(space, *h);
-            now.entry(c).or_default().push((q, i));
+            now.entry(self.chain(space, *h)).or_default().push((*h, i));
         }
         let mut best: Option<(usize, &Made)> = None;
         let mut seen = std::collections::HashSet::new();
@@ -311,6 +328,7 @@ impl SummaryCache {
                 members: current,
                 chain: b.coverage.chain,
                 seq: b.coverage.seq + 1,
+                from: Some(fnv1a(b.text.as_bytes())),
             }),
             None => Decision::Fresh(Coverage {
                 layer,
@@ -318,17 +336,19 @@ impl SummaryCache {
                 members: current,
                 chain: fnv1a(key.as_bytes()),
                 seq: 0,
+                from: None,
             }),
         }
     }
 
     /// How many current members the summary made from `then` covers, if every one of `then` is still there (by
-    /// text, or by a later summary of its chain); `None` if one is not.
-    fn matched(&self, space: &str, then: &[(String, u64)], now: &HashMap<u64, Vec<(u32, usize)>>) -> Option<usize> {
+    /// text, or by a summary that grew from it); `None` if one is not.
+    fn matched(&self, space: &str, then: &[(String, u64)], now: &HashMap<u64, Vec<(u64, usize)>>) -> Option<usize> {
         let mut hit = std::collections::HashSet::new();
         for (_, h) in then {
-            let (c, q) = self.chain(space, *h);
-            let i = now.get(&c)?.iter().find(|(q2, i)| *q2 >= q && !hit.contains(i)).or_else(|| now[&c].iter().find(|(q2, _)| *q2 >= q))?.1;
+            let list = now.get(&self.chain(space, *h))?;
+            let stands = |h2: &u64| self.grew_from(space, *h2, *h);
+            let i = list.iter().find(|(h2, i)| !hit.contains(i) && stands(h2)).or_else(|| list.iter().find(|(h2, _)| stands(h2)))?.1;
             hit.insert(i);
         }
         Some(hit.len())
@@ -340,10 +360,10 @@ impl SummaryCache {
             self.lineage.clear();
             self.by_member.clear();
         }
-        self.lineage.entry((space.to_string(), fnv1a(text.as_bytes()))).or_insert((coverage.chain, coverage.seq));
+        self.lineage.entry((space.to_string(), fnv1a(text.as_bytes()))).or_insert((coverage.chain, coverage.from));
         let made = std::sync::Arc::new(Made { coverage: coverage.clone(), text: text.to_string() });
         let chains: std::collections::BTreeSet<u64> =
-            coverage.members.iter().map(|(_, h)| self.chain(space, *h).0).collect();
+            coverage.members.iter().map(|(_, h)| self.chain(space, *h)).collect();
         for c in chains {
             let list = self.by_member.entry((space.to_string(), coverage.layer, c)).or_default();
             if list.iter().any(|m| m.text == text && m.coverage.members == coverage.members) {
@@ -430,6 +450,29 @@ mod tests {
         let mut strict = SummaryCache::new(1.0);
         made(&mut strict, "s", "L1:a", &grown[..3], "S1");
         assert!(matches!(strict.decide("s", 1, "L1:a", "k", &grown[..4]), Decision::Fresh(_)));
+    }
+
+    #[test]
+    fn a_sibling_summary_does_not_stand_for_one_that_saw_a_lost_member() {
+        let mut cache = SummaryCache::new(0.75);
+        made(&mut cache, "s", "L1:k", &ms(&[("a", "x"), ("b", "y")]), "child M");
+        // The child grows by `x2`: a fresh summary A grown from M, which the parent sees.
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:k", "k1", &ms(&[("a", "x"), ("b", "y"), ("c", "z")])) else {
+            panic!("2/3 reused at 0.75")
+        };
+        cache.record("s", &c, "child A");
+        made(&mut cache, "s", "L2:p", &ms(&[("L1:k", "child A"), ("L1:m", "other")]), "parent of A");
+        // `c` is deleted and `d` joins: A no longer holds, M does; B grows from M, a sibling of A, not a descendant.
+        let Decision::Fresh(c) = cache.decide("s", 1, "L1:k", "k2", &ms(&[("a", "x"), ("b", "y"), ("d", "w")])) else {
+            panic!("2/3 reused at 0.75")
+        };
+        assert_eq!(c.from, Some(fnv1a(b"child M")));
+        cache.record("s", &c, "child B");
+        // The parent's summary quoted A, which saw the deleted `c`: it must not hold.
+        assert!(matches!(
+            cache.decide("s", 2, "L2:p", "k3", &ms(&[("L1:k", "child B"), ("L1:m", "other")])),
+            Decision::Fresh(_)
+        ));
     }
 
     #[test]
