@@ -35,8 +35,15 @@ pub struct LoggedResponse {
     pub key: String,
     pub response: String,
     /// A cluster summary's coverage: what it was made from (`hierarchy.summary-coverage`); absent for other calls.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A `covers` that does not read (a hand-edited or foreign log) reads as none: the response is kept, only its
+    /// reuse is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient_coverage")]
     pub covers: Option<operators::summary::Coverage>,
+}
+
+fn lenient_coverage<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<operators::summary::Coverage>, D::Error> {
+    let v = <serde_json::Value as serde::Deserialize>::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
 }
 
 pub struct JsonLog<T> {
@@ -125,6 +132,33 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonLog<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_response_whose_coverage_does_not_read_is_kept_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("responses.log");
+        let cov = operators::summary::Coverage {
+            layer: 1,
+            cluster: "L1:a".into(),
+            members: vec![("a".into(), 7)],
+            chain: 3,
+            seq: 0,
+            from: None,
+        };
+        let mut log = ResponseLog::open(&p).unwrap();
+        let r = LoggedResponse { model: "m".into(), space: "s".into(), key: "k".into(), response: "S".into(), covers: Some(cov.clone()) };
+        log.append(std::slice::from_ref(&r)).unwrap();
+        drop(log);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k2\",\"response\":\"T\",\"covers\":\"garbage\"}\n").unwrap();
+        f.write_all(b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k3\",\"response\":\"U\",\"covers\":{\"layer\":\"one\"}}\n").unwrap();
+        let replay = ResponseLog::replay(&p).unwrap();
+        assert_eq!(replay.torn_lines, 0);
+        assert_eq!(replay.records.len(), 3);
+        assert_eq!(replay.records[0], r, "a coverage round-trips");
+        assert_eq!((replay.records[1].response.as_str(), &replay.records[1].covers), ("T", &None));
+        assert_eq!((replay.records[2].response.as_str(), &replay.records[2].covers), ("U", &None));
+    }
 
     #[test]
     fn append_replay_and_torn_tail() {
