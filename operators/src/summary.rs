@@ -245,10 +245,13 @@ pub struct SummaryCache {
     /// Summaries remembered at most; past it the cache starts over (reuse is an optimisation: a forgotten summary
     /// only means a call, and a forgotten lineage only means a member must match by its exact text).
     limit: usize,
-    /// (space, summary text hash) → (chain, the text it grew from).
-    lineage: HashMap<(String, u64), (u64, Option<u64>)>,
-    /// (space, layer, a member's chain) → summaries made from that member, newest last (at most `KEEP`).
-    by_member: HashMap<(String, u32, u64), Vec<std::sync::Arc<Made>>>,
+    /// Per space (looked up by `&str`, no allocation on the hot path): summary text hash → (chain, the text it grew
+    /// from).
+    lineage: HashMap<String, HashMap<u64, (u64, Option<u64>)>>,
+    /// Per space: (layer, a member's chain) → summaries made from that member, newest last (at most `KEEP`).
+    by_member: HashMap<String, HashMap<(u32, u64), Vec<std::sync::Arc<Made>>>>,
+    /// Summary texts in `lineage`, all spaces.
+    texts: usize,
 }
 
 /// Summaries indexed per member chain.
@@ -262,32 +265,33 @@ impl SummaryCache {
 
     /// As [`SummaryCache::new`], remembering at most `limit` summaries.
     pub fn with_limit(coverage: f64, limit: usize) -> Self {
-        SummaryCache { coverage, limit, lineage: HashMap::new(), by_member: HashMap::new() }
+        SummaryCache { coverage, limit, lineage: HashMap::new(), by_member: HashMap::new(), texts: 0 }
     }
 
     /// Summary texts remembered.
     pub fn len(&self) -> usize {
-        self.lineage.len()
+        self.texts
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lineage.is_empty()
+        self.texts == 0
     }
 
     /// A member text's chain: a recorded summary's, or the text itself.
     fn chain(&self, space: &str, h: u64) -> u64 {
-        self.lineage.get(&(space.to_string(), h)).map_or(h, |l| l.0)
+        self.lineage.get(space).and_then(|l| l.get(&h)).map_or(h, |l| l.0)
     }
 
     /// Whether text `now` is `then` or a summary that grew from it (following `from`, at most 64 steps). Siblings —
     /// two summaries that grew from one — do not stand for each other: one may have seen a member the other lost.
     fn grew_from(&self, space: &str, now: u64, then: u64) -> bool {
+        let Some(lineage) = self.lineage.get(space) else { return now == then };
         let mut cur = now;
         for _ in 0..64 {
             if cur == then {
                 return true;
             }
-            match self.lineage.get(&(space.to_string(), cur)) {
+            match lineage.get(&cur) {
                 Some((_, Some(p))) => cur = *p,
                 _ => return false,
             }
@@ -306,8 +310,9 @@ impl SummaryCache {
         }
         let mut best: Option<(usize, &Made)> = None;
         let mut seen = std::collections::HashSet::new();
+        let index = self.by_member.get(space);
         for c in now.keys() {
-            for m in self.by_member.get(&(space.to_string(), layer, *c)).into_iter().flatten().rev() {
+            for m in index.and_then(|i| i.get(&(layer, *c))).into_iter().flatten().rev() {
                 if !seen.insert(std::sync::Arc::as_ptr(m)) {
                     continue;
                 }
@@ -356,16 +361,22 @@ impl SummaryCache {
 
     /// Records a summary made (or reused, or read back from the log) under `coverage`.
     pub fn record(&mut self, space: &str, coverage: &Coverage, text: &str) {
-        if self.lineage.len() >= self.limit {
+        if self.texts >= self.limit {
             self.lineage.clear();
             self.by_member.clear();
+            self.texts = 0;
         }
-        self.lineage.entry((space.to_string(), fnv1a(text.as_bytes()))).or_insert((coverage.chain, coverage.from));
+        let lineage = self.lineage.entry(space.to_string()).or_default();
+        if let std::collections::hash_map::Entry::Vacant(e) = lineage.entry(fnv1a(text.as_bytes())) {
+            e.insert((coverage.chain, coverage.from));
+            self.texts += 1;
+        }
         let made = std::sync::Arc::new(Made { coverage: coverage.clone(), text: text.to_string() });
         let chains: std::collections::BTreeSet<u64> =
             coverage.members.iter().map(|(_, h)| self.chain(space, *h)).collect();
+        let index = self.by_member.entry(space.to_string()).or_default();
         for c in chains {
-            let list = self.by_member.entry((space.to_string(), coverage.layer, c)).or_default();
+            let list = index.entry((coverage.layer, c)).or_default();
             if list.iter().any(|m| m.text == text && m.coverage.members == coverage.members) {
                 continue;
             }
