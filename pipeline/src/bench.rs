@@ -641,8 +641,9 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     let mut shown = std::collections::BTreeSet::new();
     for p in rx.try_iter() {
         if !json && shown.insert(p["memory_chunks"].to_string()) && p["bench"] == "hierarchy" {
-            // The rebuild summarises every cluster once: its calls by layer are the hierarchy's shape.
-            println!("memory={:<7} rebuild: clusters by layer {}", p["memory_chunks"], p["rebuild_summary_calls_by_layer"]);
+            // The rebuild summarises every cluster once, except one-member clusters above layer 1 (they show their
+            // member's summary).
+            println!("memory={:<7} rebuild: summary calls by layer {}", p["memory_chunks"], p["rebuild_summary_calls_by_layer"]);
         }
         if json {
             println!("{p}");

@@ -236,7 +236,8 @@ pub struct Summaries<'s, T: Timestamp> {
 /// Joins clusters with the summaries of their content. A cluster's content is its members' ids and texts (chunk
 /// texts at layer 1, the members' summaries above), hashed with [`crate::summary::content_hash`]; `summaries` holds
 /// `((space, content hash), summary)`, the logged responses. A cluster is requested only once every member has a
-/// text, so layer L+1 waits for layer L; an unchanged cluster is never requested again, whatever else changes.
+/// text, so layer L+1 waits for layer L; an unchanged cluster is never requested again, whatever else changes. A
+/// cluster of one member above layer 1 is never requested: its text is its member's.
 pub fn summaries<'s, T>(
     texts0: VecCollection<'s, T, ((String, String), String)>,
     layers: &[VecCollection<'s, T, (String, String, String)>],
@@ -284,8 +285,23 @@ where
                 }
             })
             .map(|((s, c), (h, ms))| ((s, h), (c, ms)));
-        let summarized =
+        // Above layer 1 a cluster of one member says what its member says: it takes the member's summary, with no
+        // request (summarising one summary again only paraphrases it). Upper layers are full of them — a cluster
+        // that nothing joined — and each would be a model call every time its member changed.
+        let (content, single) = if layer >= 2 {
+            let single = content.clone().flat_map(|((s, _h), (c, ms))| match ms.as_slice() {
+                [(_, t)] => Some(((s, c), t.clone())),
+                _ => None,
+            });
+            (content.filter(|(_, (_, ms))| ms.len() > 1), Some(single))
+        } else {
+            (content, None)
+        };
+        let mut summarized =
             content.clone().join_map(summaries.clone(), |(s, _h), (c, _ms), t| ((s.clone(), c.clone()), t.clone()));
+        if let Some(single) = single {
+            summarized = summarized.concat(single);
+        }
         requests.push(
             content
                 .antijoin(summaries.clone().map(|(k, _)| k))
