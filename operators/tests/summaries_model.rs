@@ -11,20 +11,25 @@ use timely::dataflow::operators::capture::{Capture, Extract};
 
 type Req = (String, u32, String, String, Vec<(String, String)>);
 
-/// Two cliques of four joined by one edge; the driver answers every request of epoch t at epoch t + 1 (text =
-/// "sum:" + hash), `rounds` times, then deletes node a0.
-fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((String, String), (u32, String)), isize)>>) {
+type Texts = BTreeMap<u64, Vec<(((String, String), (u32, String)), isize)>>;
+
+/// Cliques of the nodes named with one letter (a0 … a3, b0 …), cliques a and b joined by edge a0–b0; the driver
+/// answers every request of epoch t at epoch t + 1 (text = "sum:" + hash), `rounds` times, and with `delete` deletes
+/// node a0 two epochs before the end.
+fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMap<u64, Vec<(Req, isize)>>, Texts) {
+    let names: Vec<String> = names.iter().map(|x| x.to_string()).collect();
     let (rs, rr) = mpsc::channel();
     let (ts, tr) = mpsc::channel();
     let (rs, ts) = (Arc::new(Mutex::new(rs)), Arc::new(Mutex::new(ts)));
     timely::execute(timely::Config::thread(), move |worker| {
+        let names = names.clone();
         let (rs, ts) = (rs.lock().unwrap().clone(), ts.lock().unwrap().clone());
         let (req_tx, req_rx) = mpsc::channel::<(Req, u64, isize)>();
         let (mut n, mut e, mut s, probe) = worker.dataflow::<u64, _, _>(|scope| {
             let (ni, nodes) = scope.new_collection::<(String, String), isize>();
             let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
             let (si, sums) = scope.new_collection::<((String, String), String), isize>();
-            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers: 3, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 });
+            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 });
             let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
             sm.texts.inner.capture_into(ts);
             let req_tx = Mutex::new(req_tx);
@@ -32,7 +37,6 @@ fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((S
             reqs.inner.capture_into(rs);
             (ni, ei, si, probe)
         });
-        let names: Vec<String> = ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"].iter().map(|x| x.to_string()).collect();
         for x in &names {
             n.insert(("s".into(), x.clone()));
         }
@@ -45,7 +49,7 @@ fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((S
         }
         let mut live: BTreeMap<(String, String), isize> = BTreeMap::new();
         for t in 0..rounds {
-            if t == rounds - 2 {
+            if delete && t == rounds - 2 {
                 n.remove(("s".into(), "a0".into()));
                 for v in ["a1", "a2", "a3", "b0"] {
                     e.remove(("s".into(), "a0".into(), v.into(), 100));
@@ -86,7 +90,7 @@ fn run(rounds: u64) -> (BTreeMap<u64, Vec<(Req, isize)>>, BTreeMap<u64, Vec<(((S
 
 #[test]
 fn requests_are_answered_layer_by_layer_and_again_after_a_change() {
-    let (reqs, texts) = run(8);
+    let (reqs, texts) = run(&["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"], 3, 8, true);
     let mut open: BTreeMap<(String, u32, String, String), isize> = BTreeMap::new();
     for (t, rs) in &reqs {
         for (r, d) in rs {
@@ -118,68 +122,16 @@ fn requests_are_answered_layer_by_layer_and_again_after_a_change() {
 /// layer 1.
 #[test]
 fn a_cluster_of_one_member_above_layer_one_shows_its_members_summary() {
-    let (req_out, req_in) = mpsc::channel::<(Req, isize)>();
-    let (text_out, text_in) = mpsc::channel::<(((String, String), (u32, String)), isize)>();
-    let (req_out, text_out) = (Mutex::new(req_out), Mutex::new(text_out));
-    timely::execute(timely::Config::thread(), move |worker| {
-        let req_out = req_out.lock().unwrap().clone();
-        let text_out = text_out.lock().unwrap().clone();
-        let (req_tx, req_rx) = mpsc::channel::<(Req, isize)>();
-        let (mut n, mut e, mut s, probe) = worker.dataflow::<u64, _, _>(|scope| {
-            let (ni, nodes) = scope.new_collection::<(String, String), isize>();
-            let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
-            let (si, sums) = scope.new_collection::<((String, String), String), isize>();
-            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers: 2, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 });
-            let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
-            let text_out = Mutex::new(text_out);
-            sm.texts.inspect(move |(x, _t, d)| text_out.lock().unwrap().send((x.clone(), *d)).unwrap());
-            let req_tx = Mutex::new(req_tx);
-            let (probe, _) = sm.requests.inspect(move |(r, _t, d)| req_tx.lock().unwrap().send((r.clone(), *d)).unwrap()).probe();
-            (ni, ei, si, probe)
-        });
-        let names: Vec<String> = ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "c1", "c2", "c3"].iter().map(|x| x.to_string()).collect();
-        for x in &names {
-            n.insert(("s".into(), x.clone()));
-        }
-        for (i, u) in names.iter().enumerate() {
-            for v in &names[i + 1..] {
-                if u[..1] == v[..1] || (u == "a0" && v == "b0") {
-                    e.insert(("s".into(), u.clone(), v.clone(), 100));
-                }
-            }
-        }
-        for t in 0..6u64 {
-            n.advance_to(t + 1);
-            e.advance_to(t + 1);
-            s.advance_to(t + 1);
-            n.flush();
-            e.flush();
-            s.flush();
-            worker.step_while(|| probe.less_than(&(t + 1)));
-            let mut live: BTreeMap<(String, String), isize> = BTreeMap::new();
-            while let Ok((r, d)) = req_rx.try_recv() {
-                *live.entry((r.0.clone(), r.3.clone())).or_default() += d;
-                req_out.send((r, d)).unwrap();
-            }
-            for (k, d) in live {
-                if d > 0 {
-                    s.insert((k.clone(), format!("sum:{}", k.1)));
-                }
-            }
-        }
-    })
-    .unwrap();
-    let reqs: Vec<(Req, isize)> = req_in.try_iter().collect();
+    let names = ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "c1", "c2", "c3"];
+    let (reqs, changes) = run(&names, 2, 6, false);
+    let reqs: Vec<(Req, isize)> = reqs.into_values().flatten().collect();
     assert!(reqs.iter().any(|(r, _)| r.1 == 2), "layer 2 is requested: {reqs:?}");
     assert!(reqs.iter().all(|(r, _)| r.1 == 1 || r.4.len() > 1), "a one-member cluster above layer 1 was requested: {reqs:?}");
-    let mut texts: BTreeMap<(String, String), (u32, String)> = BTreeMap::new();
-    for (((s, c), lt), d) in text_in.try_iter() {
-        if d > 0 {
-            texts.insert((s, c), lt);
-        } else {
-            texts.remove(&(s, c));
-        }
+    let mut net: BTreeMap<((String, String), (u32, String)), isize> = BTreeMap::new();
+    for (x, d) in changes.into_values().flatten() {
+        *net.entry(x).or_default() += d;
     }
+    let texts: BTreeMap<(String, String), (u32, String)> = net.into_iter().filter(|(_, d)| *d > 0).map(|(x, _)| x).collect();
     let layer1: Vec<&String> = texts.values().filter(|(l, _)| *l == 1).map(|(_, t)| t).collect();
     let singles: Vec<&String> = texts.values().filter(|(l, _)| *l == 2).map(|(_, t)| t).filter(|t| layer1.contains(t)).collect();
     assert_eq!(singles.len(), 1, "clique c's layer-2 cluster shows its layer-1 summary: {texts:?}");
