@@ -493,6 +493,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
     let (stream, stream_batch, debounce) = (args.stream, args.stream_batch.max(1), args.debounce_epochs);
     let (tx, rx) = mpsc::channel::<serde_json::Value>();
     let tx = Mutex::new(tx);
+    let shapes: Arc<Mutex<std::collections::BTreeMap<(usize, u32), i64>>> = Default::default();
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let tx = tx.lock().expect("tx").clone();
         // ENGRAM_PROFILE=1: time spent in each operator, printed after every measured run (development aid).
@@ -500,6 +501,8 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
         for &size in &sizes {
             let probe = ProbeHandle::new();
             let (req_tx, req_rx) = mpsc::channel::<((String, String), u32, String, Vec<(String, String)>, isize)>();
+            // Clusters per layer (each layer's count lives on one worker; every worker adds its changes).
+            let shape_in = shapes.clone();
             let req_tx = Mutex::new(req_tx);
             let (mut nodes, mut sums) = worker.dataflow::<u64, _, _>(|scope| {
                 let (ni, nodes) = scope.new_collection::<(String, Node), isize>();
@@ -515,6 +518,16 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                 sm.requests
                     .inspect(move |((s, l, c, hsh, ms), _t, d)| {
                         req_tx.lock().expect("req").send(((s.clone(), hsh.clone()), *l, c.clone(), ms.clone(), *d)).expect("send");
+                    })
+                    .probe_with(&probe);
+                h.clusters
+                    .clone()
+                    .map(|(_, l, c, _)| (l, c))
+                    .distinct()
+                    .map(|(l, _)| l)
+                    .count()
+                    .inspect(move |((l, n), _t, d)| {
+                        *shape_in.lock().expect("shape").entry((size, *l)).or_default() += *n as i64 * *d as i64;
                     })
                     .probe_with(&probe);
                 h.clusters.probe_with(&probe);
@@ -599,6 +612,9 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
             let lead = worker.index() == 0;
             let mine = |start: usize, n: usize| if lead { synthetic(start, n, topics) } else { Vec::new() };
             let (rebuild, rebuild_calls, rebuild_by_layer, _) = run(vec![mine(0, size)], 0, worker);
+            // Read once the rebuild is quiet: the probe has passed it on every worker, so every change is in.
+            let shape: Vec<i64> =
+                shapes.lock().expect("shape").range((size, 0)..=(size, u32::MAX)).map(|(_, n)| *n).filter(|n| *n != 0).collect();
             let mut next = size;
             for &b in &batches {
                 let (secs, calls, by_layer, reused) = run(vec![mine(next, b)], 0, worker);
@@ -610,6 +626,7 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
                         "summary_calls": calls, "summary_calls_per_chunk": calls as f64 / b as f64,
                         "rebuild_summary_calls": rebuild_calls, "summary_calls_by_layer": by_layer,
                         "rebuild_summary_calls_by_layer": rebuild_by_layer, "summaries_reused": reused,
+                        "rebuild_clusters_by_layer": shape,
                         "workers": worker.peers(),
                     }))
                     .expect("send");
@@ -643,7 +660,10 @@ fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode
         if !json && shown.insert(p["memory_chunks"].to_string()) && p["bench"] == "hierarchy" {
             // The rebuild summarises every cluster once, except one-member clusters above layer 1 (they show their
             // member's summary).
-            println!("memory={:<7} rebuild: summary calls by layer {}", p["memory_chunks"], p["rebuild_summary_calls_by_layer"]);
+            println!(
+                "memory={:<7} rebuild: clusters by layer {}, summary calls by layer {}",
+                p["memory_chunks"], p["rebuild_clusters_by_layer"], p["rebuild_summary_calls_by_layer"]
+            );
         }
         if json {
             println!("{p}");
