@@ -5,7 +5,7 @@ use serde_json::json;
 use operators::summary::Explore;
 use operators::{Embedder, Node};
 
-use super::relevance::{Relevance, CONTEXT};
+use super::relevance::{Relevance, CONTEXT, SEGMENT};
 use super::{clip, topic_seeds, Evidence, Guide, PROMPT_WORDS};
 use crate::views::SpaceView;
 
@@ -62,8 +62,13 @@ pub fn compass(
         trace.push(json!({"step": "explore", "why": "no events in this space: the most relevant turns alone"}));
     }
     let rels: Vec<Relevance> = goals.iter().map(|g| Relevance::new(view, embedder, g)).collect();
-    let node_score: HashMap<&str, f32> =
-        view.nodes.keys().map(|id| (id.as_str(), rels.iter().filter_map(|r| r.of(id)).fold(f32::MIN, f32::max))).collect();
+    // Each subgoal's scores lifted by SEGMENT × its best segment's best (each relevance lowers the other segments
+    // against its best): turns of several subgoals compare on one scale, a well-answered subgoal above a vague one.
+    let node_score: HashMap<&str, f32> = view
+        .nodes
+        .keys()
+        .map(|id| (id.as_str(), rels.iter().filter_map(|r| Some(r.of(id)? + SEGMENT * r.top)).fold(f32::MIN, f32::max)))
+        .collect();
     let mut related: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
     for r in &view.relations {
         let kind = r.kind.name();
@@ -180,7 +185,7 @@ pub fn compass(
         trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked, "why": why}));
         for (id, s) in here {
             let e = reached.entry(id).or_insert(f32::MIN);
-            *e = e.max(s);
+            *e = e.max(s + SEGMENT * rel.top);
         }
     }
     // Rank every layer-0 node; a turn of a kept event inherits from the event what a turn inherits from its
