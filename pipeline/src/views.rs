@@ -51,6 +51,9 @@ pub struct SpaceView {
     pub lexical: operators::lexical::LexicalIndex,
     /// Document → its layer-0 nodes by position (a turn's or chunk's neighbours in reading order).
     pub order: HashMap<String, BTreeMap<i64, String>>,
+    /// Layer-0 node → |its embedding + the embedding of the node just before it| (when it has one): relevance reads a
+    /// node together with the one before it, and this keeps that from costing a second dot product per node and query.
+    pub with_before: HashMap<String, f32>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`).
     pub adjacency: HashMap<String, BTreeMap<String, u32>>,
     /// Layer-0 edges.
@@ -85,6 +88,26 @@ impl SpaceView {
             counts[l] += 1;
         }
         counts
+    }
+
+    /// The node just before a node in its document (one position step away at most: sessions and sections that the
+    /// positions keep apart stay apart).
+    pub fn before(&self, n: &Node) -> Option<&str> {
+        let step = operators::model::POSITION_SCALE;
+        let order = self.order.get(&n.doc)?;
+        order.range(..n.pos).next_back().filter(|(p, _)| n.pos - **p <= step).map(|(_, id)| id.as_str())
+    }
+
+    /// Recomputes `with_before` for a node whose predecessor may have changed.
+    fn refresh_before(&mut self, id: &str) {
+        let norm = self.nodes.get(id).and_then(|(n, e)| {
+            let (_, pe) = self.nodes.get(self.before(n)?)?;
+            Some((e.dot(e) + pe.dot(pe) + 2.0 * e.dot(pe)).max(0.0).sqrt())
+        });
+        match norm {
+            Some(v) => self.with_before.insert(id.to_string(), v),
+            None => self.with_before.remove(id),
+        };
     }
 
     fn is_empty(&self) -> bool {
@@ -126,9 +149,13 @@ impl Views {
         // that made it), which must cancel, not apply in diff order.
         differential_dataflow::consolidation::consolidate(&mut updates);
         updates.sort_by_key(|u| u.1);
+        // Layer-0 positions that changed, (space, doc, position): their nodes and the nodes after them have a new
+        // node before them.
+        let mut moved: BTreeSet<(String, String, i64)> = BTreeSet::new();
         for (u, d) in updates {
             match u {
                 ViewUpdate::Node(space, node, emb) => {
+                    moved.insert((space.clone(), node.doc.clone(), node.pos));
                     let view = self.spaces.entry(space.clone()).or_default();
                     if d > 0 {
                         view.lexical.insert(&node.id, &node.text);
@@ -145,6 +172,7 @@ impl Views {
                             }
                         }
                         view.nodes.remove(&node.id);
+                        view.with_before.remove(&node.id);
                     }
                 }
                 ViewUpdate::Edge(e) => {
@@ -296,6 +324,15 @@ impl Views {
                 }
             }
         }
+        for (space, doc, pos) in moved {
+            let Some(view) = self.spaces.get_mut(&space) else { continue };
+            // The node at the position (if any is left) and the first after it.
+            let ids: Vec<String> =
+                view.order.get(&doc).map_or(Vec::new(), |o| o.range(pos..).take(2).map(|(_, id)| id.clone()).collect());
+            for id in ids {
+                view.refresh_before(&id);
+            }
+        }
         self.spaces.retain(|_, v| !v.is_empty());
     }
 
@@ -359,6 +396,68 @@ mod tests {
         let r = ViewUpdate::Request("s".into(), 1, "L1:x".into(), "h".into(), vec![]);
         v.apply(vec![(r.clone(), 1), (r, -1)]);
         assert!(v.spaces.is_empty());
+    }
+
+    #[test]
+    fn each_nodes_sum_with_the_node_before_it_follows_inserts_and_deletes() {
+        use operators::Embedder;
+        let e = operators::HashEmbedder::new(64);
+        let step = operators::model::POSITION_SCALE;
+        // Positions 0..12 of one document with a gap after 5 (a new session), texts that change on replacement.
+        let at = |i: i64, gen: u32| {
+            let pos = if i > 5 { (i + 10) * step } else { i * step };
+            let text = format!("turn {i} version {gen} {}", i * 7 % 5);
+            let n = Node { id: format!("n{i}"), pos, text, ..node("x", "") };
+            let emb = e.embed(&n.text);
+            ViewUpdate::Node("s".into(), n, emb)
+        };
+        let mut v = Views::default();
+        let mut live: BTreeMap<i64, u32> = BTreeMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _epoch in 0..40 {
+            let mut batch = Vec::new();
+            for _ in 0..3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x % 12) as i64;
+                match live.get(&i).copied() {
+                    Some(g) if x % 3 == 0 => {
+                        batch.push((at(i, g), -1));
+                        live.remove(&i);
+                    }
+                    Some(g) => {
+                        batch.push((at(i, g), -1));
+                        batch.push((at(i, g + 1), 1));
+                        live.insert(i, g + 1);
+                    }
+                    None => {
+                        batch.push((at(i, 0), 1));
+                        live.insert(i, 0);
+                    }
+                }
+            }
+            // One change per position and epoch (a position's retraction and insertion consolidate otherwise).
+            let mut seen = BTreeSet::new();
+            batch.retain(|(u, _)| match u {
+                ViewUpdate::Node(_, n, _) => seen.insert((n.pos, n.text.clone())),
+                _ => true,
+            });
+            v.apply(batch);
+            let Some(view) = v.spaces.get("s") else { continue };
+            // From scratch: every node with a node one step before it.
+            let mut want: HashMap<String, f32> = HashMap::new();
+            for (id, (n, emb)) in &view.nodes {
+                if let Some((_, pe)) = view.before(n).and_then(|p| view.nodes.get(p)) {
+                    want.insert(id.clone(), (emb.dot(emb) + pe.dot(pe) + 2.0 * emb.dot(pe)).sqrt());
+                }
+            }
+            assert_eq!(view.with_before.len(), want.len(), "{:?} {:?}", view.with_before, want);
+            for (id, w) in &want {
+                assert!((view.with_before[id] - w).abs() < 1e-5, "{id}");
+            }
+        }
+        assert!(!v.spaces.is_empty());
     }
 
     #[test]

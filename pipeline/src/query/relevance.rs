@@ -67,12 +67,12 @@ impl<'a> Relevance<'a> {
         let dense: HashMap<&'a str, f32> = view
             .nodes
             .iter()
-            .map(|(id, (n, e))| {
+            .map(|(id, (n, _))| {
                 let d = cosine[id.as_str()];
-                let with_before = before(view, n).and_then(|p| Some((p, &view.nodes.get(p)?.1))).and_then(|(p, pe)| {
-                    // |e + pe| for unit (or zero) vectors; the cosine of the sum is the sum of the cosines over it.
-                    let norm = (e.dot(e) + pe.dot(pe) + 2.0 * e.dot(pe)).max(0.0).sqrt();
-                    (norm > 1e-6).then(|| (d + cosine[p]) / norm)
+                // The cosine of the sum of two embeddings is the sum of their cosines over |sum| (kept by the view).
+                let with_before = view.before(n).and_then(|p| {
+                    let norm = *view.with_before.get(id.as_str())?;
+                    (norm > 1e-6).then(|| (d + cosine.get(p).copied().unwrap_or(0.0)) / norm)
                 });
                 (id.as_str(), with_before.map_or(d, |c| (1.0 - PREVIOUS) * d + PREVIOUS * c))
             })
@@ -178,14 +178,7 @@ impl<'a> Relevance<'a> {
 pub fn neighbours<'a>(view: &'a SpaceView, n: &Node) -> impl Iterator<Item = &'a str> {
     let step = operators::model::POSITION_SCALE;
     let after = view.order.get(&n.doc).and_then(|o| o.range(n.pos + 1..).next()).filter(|(p, _)| **p - n.pos <= step);
-    before(view, n).into_iter().chain(after.map(|(_, id)| id.as_str()))
-}
-
-/// The node just before a node in its document (one position step away at most).
-pub fn before<'a>(view: &'a SpaceView, n: &Node) -> Option<&'a str> {
-    let step = operators::model::POSITION_SCALE;
-    let order = view.order.get(&n.doc)?;
-    order.range(..n.pos).next_back().filter(|(p, _)| n.pos - **p <= step).map(|(_, id)| id.as_str())
+    view.before(n).into_iter().chain(after.map(|(_, id)| id.as_str()))
 }
 
 #[cfg(test)]
