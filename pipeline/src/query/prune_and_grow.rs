@@ -119,7 +119,7 @@ pub fn prune_and_grow(
             // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
             // the best of the rest fills the budget.
             (!by_model)
-                .then(|| rel.ranked(view))
+                .then(|| rel.ranked())
                 .into_iter()
                 .flatten()
                 .filter(|(_, n)| !taken.contains(n.id.as_str()))

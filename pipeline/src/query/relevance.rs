@@ -44,10 +44,14 @@ pub struct Relevance<'a> {
     max_lexical: f32,
     /// The best segment's best score (before the context lift): how well the question is answered at all.
     pub top: f32,
-    /// Layer-0 node → its cosine in context.
-    dense: HashMap<&'a str, f32>,
-    /// Layer-0 node → its score in context.
-    scores: HashMap<&'a str, f32>,
+    /// Every layer-0 node (id, node), each document's in position order; `dense` and `scores` follow it.
+    nodes: Vec<(&'a str, &'a Node)>,
+    /// Layer-0 node → its index in `nodes`.
+    index: HashMap<&'a str, usize>,
+    /// Each node's cosine in context.
+    dense: Vec<f32>,
+    /// Each node's score in context.
+    scores: Vec<f32>,
     /// The speakers the question names.
     pub names: Vec<&'a str>,
 }
@@ -63,20 +67,47 @@ impl<'a> Relevance<'a> {
     }
 
     pub fn with_embedding(view: &'a SpaceView, query: Embedding, question: &str) -> Self {
-        let cosine: HashMap<&'a str, f32> = view.nodes.iter().map(|(id, (_, e))| (id.as_str(), query.dot(e))).collect();
-        let dense: HashMap<&'a str, f32> = view
-            .nodes
-            .iter()
-            .map(|(id, (n, _))| {
-                let d = cosine[id.as_str()];
+        // Every layer-0 node once, each document in position order and cut into segments (runs of positions one step
+        // apart), so that context is a neighbour in a vector, not a lookup; a node the order does not hold (a
+        // position two nodes claim) is a segment of its own.
+        let step = operators::model::POSITION_SCALE;
+        let mut nodes: Vec<(&'a str, &'a Node)> = Vec::with_capacity(view.nodes.len());
+        let mut dense: Vec<f32> = Vec::with_capacity(view.nodes.len());
+        let mut starts: Vec<usize> = Vec::new();
+        for order in view.order.values() {
+            // (position, cosine) of the node before.
+            let mut last: Option<(i64, f32)> = None;
+            for (p, id) in order {
+                let Some((id, (n, e))) = view.nodes.get_key_value(id) else {
+                    last = None;
+                    continue;
+                };
+                let d = query.dot(e);
+                let follows = last.filter(|(lp, _)| p - lp <= step);
+                if follows.is_none() {
+                    starts.push(nodes.len());
+                }
                 // The cosine of the sum of two embeddings is the sum of their cosines over |sum| (kept by the view).
-                let with_before = view.before(n).and_then(|p| {
+                let with_before = follows.and_then(|(_, before)| {
                     let norm = *view.with_before.get(id.as_str())?;
-                    (norm > 1e-6).then(|| (d + cosine.get(p).copied().unwrap_or(0.0)) / norm)
+                    (norm > 1e-6).then(|| (d + before) / norm)
                 });
-                (id.as_str(), with_before.map_or(d, |c| (1.0 - PREVIOUS) * d + PREVIOUS * c))
-            })
-            .collect();
+                dense.push(with_before.map_or(d, |c| (1.0 - PREVIOUS) * d + PREVIOUS * c));
+                nodes.push((id.as_str(), n));
+                last = Some((*p, d));
+            }
+        }
+        if nodes.len() < view.nodes.len() {
+            let seen: HashSet<&str> = nodes.iter().map(|(id, _)| *id).collect();
+            for (id, (n, e)) in &view.nodes {
+                if !seen.contains(id.as_str()) {
+                    starts.push(nodes.len());
+                    nodes.push((id.as_str(), n));
+                    dense.push(query.dot(e));
+                }
+            }
+        }
+        starts.push(nodes.len());
         let asked: HashSet<String> = operators::embed::words(question).into_iter().collect();
         let mut speakers: Vec<&'a str> = view.nodes.values().filter_map(|(n, _)| n.speaker.as_deref()).collect::<HashSet<_>>().into_iter().collect();
         speakers.sort_unstable();
@@ -92,65 +123,49 @@ impl<'a> Relevance<'a> {
         let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
         let terms: Vec<String> = operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
         let lexical = view.lexical.search_terms(&terms);
-        let max_dense = norm(dense.values().copied().fold(0.0, f32::max));
+        let max_dense = norm(dense.iter().copied().fold(0.0, f32::max));
         let max_lexical = norm(lexical.values().copied().fold(0.0, f32::max));
-        let own: HashMap<&'a str, f32> = view
-            .nodes
+        let mut own: Vec<f32> = nodes
             .iter()
-            .map(|(id, (n, _))| {
+            .zip(&dense)
+            .map(|((id, n), d)| {
                 let named = n.speaker.as_deref().is_some_and(|s| names.contains(&s));
-                let s = dense[id.as_str()] / max_dense
-                    + LEXICAL_WEIGHT * lexical.get(id.as_str()).copied().unwrap_or(0.0) / max_lexical
-                    + if named { NAME_WEIGHT } else { 0.0 };
-                (id.as_str(), s)
+                d / max_dense
+                    + LEXICAL_WEIGHT * lexical.get(id).copied().unwrap_or(0.0) / max_lexical
+                    + if named { NAME_WEIGHT } else { 0.0 }
             })
             .collect();
         // Segments: a node falls SEGMENT × (the best segment's best − its segment's best), so the segment where the
         // question is best answered keeps its scores and the others fall behind. (A fall, not a gain: a document of
         // one segment changes nothing, and scores keep their scale against events and clusters.)
-        let step = operators::model::POSITION_SCALE;
-        let mut segments: Vec<(f32, Vec<&'a str>)> = Vec::new();
-        for order in view.order.values() {
-            let mut last: Option<i64> = None;
-            for (p, id) in order {
-                if last.is_none_or(|l| p - l > step) {
-                    segments.push((0.0, Vec::new()));
-                }
-                let seg = segments.last_mut().expect("pushed");
-                seg.0 = seg.0.max(own.get(id.as_str()).copied().unwrap_or(0.0));
-                seg.1.push(id.as_str());
-                last = Some(*p);
+        let best: Vec<f32> = starts.windows(2).map(|w| own[w[0]..w[1]].iter().copied().fold(0.0, f32::max)).collect();
+        let top = best.iter().copied().fold(0.0, f32::max);
+        for (w, b) in starts.windows(2).zip(&best) {
+            for v in &mut own[w[0]..w[1]] {
+                *v += SEGMENT * (b - top);
             }
         }
-        let top = segments.iter().map(|s| s.0).fold(0.0, f32::max);
-        let mut own = own;
-        for (best, members) in &segments {
-            for m in members {
-                if let Some(v) = own.get_mut(m) {
-                    *v += SEGMENT * (best - top);
-                }
+        // Context: at least CONTEXT × the neighbour before or after in the segment.
+        let mut scores = Vec::with_capacity(own.len());
+        for w in starts.windows(2) {
+            for i in w[0]..w[1] {
+                let before = if i > w[0] { own[i - 1] } else { f32::MIN };
+                let after = if i + 1 < w[1] { own[i + 1] } else { f32::MIN };
+                scores.push(own[i].max(CONTEXT * before.max(after)));
             }
         }
-        let scores = view
-            .nodes
-            .iter()
-            .map(|(id, (n, _))| {
-                let mine = own[id.as_str()];
-                let ctx = neighbours(view, n).filter_map(|m| own.get(m)).copied().fold(f32::MIN, f32::max);
-                (id.as_str(), mine.max(CONTEXT * ctx))
-            })
-            .collect();
-        Relevance { query, terms, max_dense, max_lexical, top, dense, scores, names }
+        let index = nodes.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+        Relevance { query, terms, max_dense, max_lexical, top, nodes, index, dense, scores, names }
     }
 
     /// A layer-0 node's cosine in context (mixed with it and the node before it read together), unnormalised.
     pub fn dense_of(&self, id: &str) -> Option<f32> {
-        self.dense.get(id).copied()
+        self.index.get(id).map(|i| self.dense[*i])
     }
 
     /// A layer-0 node's score in context (`None` for an id that is not a live node).
     pub fn of(&self, id: &str) -> Option<f32> {
-        self.scores.get(id).copied()
+        self.index.get(id).map(|i| self.scores[*i])
     }
 
     /// A cluster by its summary (`None` before it has one): the summary's cosine and its BM25 against layer 0's
@@ -166,8 +181,8 @@ impl<'a> Relevance<'a> {
     }
 
     /// Every layer-0 node, best first (ties by id).
-    pub fn ranked(&self, view: &'a SpaceView) -> Vec<(f32, &'a Node)> {
-        let mut out: Vec<(f32, &'a Node)> = view.nodes.iter().map(|(id, (n, _))| (self.scores[id.as_str()], n)).collect();
+    pub fn ranked(&self) -> Vec<(f32, &'a Node)> {
+        let mut out: Vec<(f32, &'a Node)> = self.nodes.iter().zip(&self.scores).map(|((_, n), s)| (*s, *n)).collect();
         out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
         out
     }
@@ -225,7 +240,7 @@ mod tests {
         let view = &v.spaces["s"];
         let r = Relevance::new(view, &e, "What did Ben paint?");
         assert_eq!(r.names, vec!["Ben"]);
-        assert_eq!(r.ranked(view)[0].1.id, "c#D1:2", "'paint' matches 'painted' by its stem");
+        assert_eq!(r.ranked()[0].1.id, "c#D1:2", "'paint' matches 'painted' by its stem");
         // A turn by the named speaker beats the same words by another.
         let r = Relevance::new(view, &e, "What did Ana say about plans?");
         let (ben, ana) = (r.of("c#D2:1").unwrap(), r.of("c#D1:1").unwrap());
