@@ -109,7 +109,7 @@ struct RunArgs {
     #[arg(long = "ask", value_name = "SPACE:QUESTION")]
     asks: Vec<String>,
     /// The retrieval mode of the --ask answers: flat | prune-and-grow | compass.
-    #[arg(long = "ask-mode", default_value = "flat")]
+    #[arg(long = "ask-mode", default_value = "compass")]
     ask_mode: String,
     /// Exit after the --ask answers are printed, instead of serving.
     #[arg(long)]
@@ -131,8 +131,8 @@ struct QueryArgs {
     url: String,
     #[arg(long)]
     space: String,
-    /// flat | prune-and-grow | compass
-    #[arg(long, default_value = "flat")]
+    /// compass | prune-and-grow | flat
+    #[arg(long, default_value = "compass")]
     mode: String,
     #[arg(long = "budget-words")]
     budget_words: Option<usize>,

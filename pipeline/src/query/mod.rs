@@ -94,8 +94,9 @@ pub struct QueryRequest {
     pub use_model: Option<bool>,
 }
 
+/// The engine's best retrieval (docs/EVAL.md); `flat` is the baseline it is measured against.
 fn default_mode() -> Mode {
-    Mode::Flat
+    Mode::Compass
 }
 
 #[derive(Clone, Debug, Serialize)]

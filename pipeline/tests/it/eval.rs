@@ -59,8 +59,12 @@ fn ask_mode_answers_with_a_structured_mode() {
     let news = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/news.jsonl");
     let ask = |mode: &str| {
         let dir = tempfile::tempdir().unwrap();
+        let mut args = vec!["run", "--once", "--input", news, "--ask", "news:How much will the sea wall cost?"];
+        if !mode.is_empty() {
+            args.extend(["--ask-mode", mode]);
+        }
         let out = crate::common::engram()
-            .args(["run", "--once", "--input", news, "--ask", "news:How much will the sea wall cost?", "--ask-mode", mode])
+            .args(args)
             .arg("--data-dir")
             .arg(dir.path())
             .output()
@@ -76,6 +80,8 @@ fn ask_mode_answers_with_a_structured_mode() {
     let first = compass["evidence"][0]["text"].as_str().unwrap();
     assert!(first.contains("26.2 million pounds"), "{compass}");
     assert_ne!(flat["evidence"][0]["id"], compass["evidence"][0]["id"]);
+    // Without --ask-mode the answer is compass's: the engine's best retrieval is the default.
+    assert_eq!(ask("")["evidence"], compass["evidence"]);
 
     let dir = tempfile::tempdir().unwrap();
     let out = crate::common::engram()

@@ -116,11 +116,11 @@ async fn answers_come_from_the_model_once_and_a_bad_reply_leaves_the_evidence() 
     assert_eq!(again["answer"], resp["answer"]);
     assert_eq!(asked.lock().unwrap().len(), 1, "asked once");
     // Evidence only, on request.
-    let (_, plain) = crate::common::post(&url, json!({"query": "sea wall cost", "answer": false}).to_string()).await;
+    let (_, plain) = crate::common::post(&url, json!({"query": "sea wall cost", "mode": "flat", "answer": false}).to_string()).await;
     assert_eq!(plain["answer"], Value::Null);
     assert_eq!(asked.lock().unwrap().len(), 1);
     // A reply that is not the JSON asked for (after the client's repair round): the evidence, and why no answer.
-    let (status, bad) = crate::common::post(&url, json!({"query": "poison: the sea wall"}).to_string()).await;
+    let (status, bad) = crate::common::post(&url, json!({"query": "poison: the sea wall", "mode": "flat"}).to_string()).await;
     assert_eq!(status, 200, "{bad}");
     assert_eq!(bad["answer"], Value::Null);
     assert!(bad["answer_error"].as_str().unwrap().contains("answer"), "{bad}");
