@@ -109,7 +109,7 @@ struct RunArgs {
     #[arg(long = "ask", value_name = "SPACE:QUESTION")]
     asks: Vec<String>,
     /// The retrieval mode of the --ask answers: flat | prune-and-grow | compass.
-    #[arg(long = "ask-mode", default_value = "compass")]
+    #[arg(long = "ask-mode", default_value = engram::query::Mode::DEFAULT.as_str())]
     ask_mode: String,
     /// Exit after the --ask answers are printed, instead of serving.
     #[arg(long)]
@@ -132,7 +132,7 @@ struct QueryArgs {
     #[arg(long)]
     space: String,
     /// compass | prune-and-grow | flat
-    #[arg(long, default_value = "compass")]
+    #[arg(long, default_value = engram::query::Mode::DEFAULT.as_str())]
     mode: String,
     #[arg(long = "budget-words")]
     budget_words: Option<usize>,

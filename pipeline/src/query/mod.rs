@@ -68,7 +68,11 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn as_str(self) -> &'static str {
+    /// The mode of a query that names none (HTTP, `engram query`, `run --ask`): the engine's best retrieval
+    /// (docs/EVAL.md); `flat` is the baseline it is measured against.
+    pub const DEFAULT: Mode = Mode::Compass;
+
+    pub const fn as_str(self) -> &'static str {
         match self {
             Mode::Flat => "flat",
             Mode::PruneAndGrow => "prune-and-grow",
@@ -94,9 +98,8 @@ pub struct QueryRequest {
     pub use_model: Option<bool>,
 }
 
-/// The engine's best retrieval (docs/EVAL.md); `flat` is the baseline it is measured against.
 fn default_mode() -> Mode {
-    Mode::Compass
+    Mode::DEFAULT
 }
 
 #[derive(Clone, Debug, Serialize)]
