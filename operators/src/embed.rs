@@ -1,6 +1,6 @@
 //! The embedder trait and the built-in `hash` embedder (DESIGN §Embeddings).
 
-use crate::hash::fnv1a;
+use crate::hash::mixed;
 use crate::model::Embedding;
 
 /// Turns texts into L2-normalised vectors of a fixed dimension. Implementations must be deterministic: the memory is
@@ -71,32 +71,39 @@ impl Embedder for HashEmbedder {
     }
 }
 
+/// A text's hashed features — lower-cased word unigrams (stop words out), and bigrams at half weight — each weighed
+/// `1 + ln tf` (a bigram seen once: 0.5), sorted by hash. What the hash embedder folds into its buckets; exact
+/// (64-bit keys, no bucket collisions) where a cosine between short texts must not be noise.
+pub fn features(text: &str) -> Vec<(u64, f32)> {
+    let ws = words(text);
+    let mut counts: std::collections::HashMap<u64, f32> = std::collections::HashMap::new();
+    for w in ws.iter().filter(|w| !is_stop(w)) {
+        *counts.entry(mixed(w.as_bytes())).or_default() += 1.0;
+    }
+    for pair in ws.windows(2) {
+        if is_stop(&pair[0]) && is_stop(&pair[1]) {
+            continue;
+        }
+        let mut key = Vec::with_capacity(pair[0].len() + pair[1].len() + 1);
+        key.extend_from_slice(pair[0].as_bytes());
+        key.push(b' ');
+        key.extend_from_slice(pair[1].as_bytes());
+        // Bigrams weigh half a unigram: they sharpen, unigrams carry the topic.
+        *counts.entry(mixed(&key)).or_default() += 0.5;
+    }
+    // Sorted so that float summation order, and hence every vector built from them, is the same on every run.
+    let mut feats: Vec<(u64, f32)> =
+        counts.into_iter().map(|(h, tf)| (h, if tf >= 1.0 { 1.0 + tf.ln() } else { tf })).collect();
+    feats.sort_unstable_by_key(|f| f.0);
+    feats
+}
+
 impl HashEmbedder {
     fn embed_one(&self, text: &str) -> Embedding {
-        let ws = words(text);
-        let mut counts: std::collections::HashMap<u64, f32> = std::collections::HashMap::new();
-        for w in ws.iter().filter(|w| !is_stop(w)) {
-            *counts.entry(fnv1a(w.as_bytes())).or_default() += 1.0;
-        }
-        for pair in ws.windows(2) {
-            if is_stop(&pair[0]) && is_stop(&pair[1]) {
-                continue;
-            }
-            let mut key = Vec::with_capacity(pair[0].len() + pair[1].len() + 1);
-            key.extend_from_slice(pair[0].as_bytes());
-            key.push(b' ');
-            key.extend_from_slice(pair[1].as_bytes());
-            // Bigrams weigh half a unigram: they sharpen, unigrams carry the topic.
-            *counts.entry(fnv1a(&key)).or_default() += 0.5;
-        }
         let mut v = vec![0f32; self.dim];
-        // Sorted so that float summation order, and hence the vector, is the same on every run.
-        let mut feats: Vec<(u64, f32)> = counts.into_iter().collect();
-        feats.sort_unstable_by_key(|f| f.0);
-        for (h, tf) in feats {
+        for (h, weight) in features(text) {
             let idx = (h % self.dim as u64) as usize;
             let sign = if (h >> 63) & 1 == 1 { -1.0 } else { 1.0 };
-            let weight = if tf >= 1.0 { 1.0 + tf.ln() } else { tf };
             v[idx] += sign * weight;
         }
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();

@@ -2,7 +2,8 @@
 //! turns into *events*, and typing the *relations* between events — with the extractive backend's answers (no model):
 //!
 //! * **segmentation**: a new event starts at a time gap (`time_gap_secs` between two stamped turns), at a topic shift
-//!   (the turn's hash-embedding cosine with the running event below `shift_below`, once the event has `min_turns`),
+//!   (the turn's cosine with the running event below `shift_below`, over exact hashed word features — no buckets —
+//!   once the event has `min_turns`),
 //!   or when the event reaches `max_turns`. Each event gets an extractive summary, its speakers (people) and the time
 //!   of its first stamped turn;
 //! * **relations**: `temporal` between consecutive events of one conversation; `causal` and `motivation` when an
@@ -13,11 +14,11 @@
 //! A baseline, documented as one: it cannot see causality a cue phrase does not state. Deterministic, so a replay
 //! gives the same events without the response log.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::embed::{words, Embedder, HashEmbedder};
+use crate::embed::{features, words};
 use crate::summary::extractive_summary;
 
 /// One turn as the segmenter sees it.
@@ -166,10 +167,21 @@ pub fn seconds(ts: &str) -> Option<i64> {
 
 /// The extractive segmentation of `turns` (in conversation order).
 pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraft> {
-    let embedder = HashEmbedder::new(256);
-    let vecs = embedder.embed_batch(&turns.iter().map(|t| t.text.as_str()).collect::<Vec<_>>());
+    // Exact lexical vectors (hashed features, no buckets): a turn that shares no word with the running event scores
+    // 0, where 256 buckets gave short texts chance cosines of ±0.07 across the 0.05 threshold.
+    let vecs: Vec<Vec<(u64, f32)>> = turns
+        .iter()
+        .map(|t| {
+            let mut f = features(&t.text);
+            let norm = f.iter().map(|(_, x)| x * x).sum::<f32>().sqrt();
+            if norm > 0.0 {
+                f.iter_mut().for_each(|(_, x)| *x /= norm);
+            }
+            f
+        })
+        .collect();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut centroid: Vec<f32> = Vec::new();
+    let mut centroid: BTreeMap<u64, f32> = BTreeMap::new();
     let mut last_time: Option<i64> = None;
     for (i, t) in turns.iter().enumerate() {
         let time = t.ts.as_deref().and_then(seconds);
@@ -177,17 +189,20 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
             None => true,
             Some(g) => {
                 let gap = matches!((last_time, time), (Some(a), Some(b)) if b - a >= p.time_gap_secs);
-                let norm = centroid.iter().map(|x| x * x).sum::<f32>().sqrt();
-                let cos = if norm > 0.0 { vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm } else { 0.0 };
+                let norm = centroid.values().map(|x| x * x).sum::<f32>().sqrt();
+                let dot: f32 = vecs[i].iter().map(|(h, x)| x * centroid.get(h).copied().unwrap_or(0.0)).sum();
+                let cos = if norm > 0.0 { dot / norm } else { 0.0 };
                 gap || g.len() >= p.max_turns || (g.len() >= p.min_turns && cos < p.shift_below)
             }
         };
         if start {
             groups.push(Vec::new());
-            centroid = vec![0.0; vecs[i].0.len()];
+            centroid.clear();
         }
         groups.last_mut().expect("a group").push(i);
-        centroid.iter_mut().zip(&vecs[i].0).for_each(|(c, x)| *c += x);
+        for (h, x) in &vecs[i] {
+            *centroid.entry(*h).or_default() += x;
+        }
         if time.is_some() {
             last_time = time;
         }

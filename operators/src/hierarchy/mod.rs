@@ -17,7 +17,8 @@
 //!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
-//!    cluster over `max-cluster-size` is split in member-id order at content-defined points ([`parts`]). A cluster is
+//!    cluster over `max-cluster-size` is split in member-id order at content-defined points, a document's chunks kept
+//!    together ([`parts`]). A cluster is
 //!    named after its anchor, the replica of its smallest member ([`cluster_id`]), so that it keeps its id as other
 //!    members come and go; identical member sets are one cluster (the smaller anchor names it).
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
@@ -121,11 +122,17 @@ pub fn anchors<'a>(replicas: &[&'a Replica], max: usize) -> Vec<(&'a Replica, Ve
 
 /// The members of each part of a (possibly split) cluster, from its sorted members.
 ///
-/// A cluster of at most `max` members is one part. A larger one is cut in member order at *content-defined* points:
-/// after a member whose hash is 0 modulo `max / 2` once the part holds `max / 4` members, and always at `max`; a
-/// last part under `max / 4` joins the one before (the two split evenly if that overflows). Cuts depend on the
-/// members around them, not on their count, so a member joining or leaving a large cluster changes the part it
-/// falls in (and rarely the next), where equal parts would shift every boundary — and every part's summary.
+/// A cluster of at most `max` members is one part. A larger one is cut in member order at *content-defined* points,
+/// with a document's chunks kept together: members run in documents (the id up to its last `#`, as ingest names
+/// chunks and turns; an id without `#` is a document of one), and a document of at most `max` members is never cut
+/// — it starts a new part when it would overflow the current one (which then holds at least `max / 4`). After a
+/// document, the part is cut when it holds at least `max / 4` members and the document's hash is 0 modulo
+/// `max / 2`; a document longer than `max` is cut the same way after each of its members, and always at `max`. A last
+/// part under `max / 4` joins the one before (the two split evenly if that overflows). Cuts depend on the members
+/// around them, not on their count, so a member joining or leaving a large cluster changes the part it falls in
+/// (and rarely the next), where equal parts would shift every boundary — and every part's summary; and a new
+/// document of a story that fills its cluster becomes a part of its own, leaving its older documents' parts (and
+/// their summaries) as they were.
 pub fn parts<'a>(members: &[&'a str], max: usize) -> Vec<Vec<&'a str>> {
     let max = max.max(1);
     if members.len() <= max {
@@ -133,11 +140,28 @@ pub fn parts<'a>(members: &[&'a str], max: usize) -> Vec<Vec<&'a str>> {
     }
     let q = (max / 2).max(2) as u64;
     let min = (max / 4).max(1);
+    let doc = |m: &str| -> usize { m.rfind('#').unwrap_or(m.len()) };
+    let cut = |key: &str| crate::hash::mixed(key.as_bytes()) % q == 0;
     let mut out: Vec<Vec<&str>> = vec![Vec::new()];
-    for m in members {
+    let mut rest = members;
+    while let Some(first) = rest.first() {
+        let key = &first[..doc(first)];
+        let n = rest.iter().take_while(|m| &m[..doc(m)] == key).count();
+        let (run, tail) = rest.split_at(n);
+        rest = tail;
         let part = out.last_mut().expect("one part at least");
-        part.push(m);
-        if part.len() >= max || (part.len() >= min && fnv1a(m.as_bytes()) % q == 0) {
+        if n <= max && part.len() >= min && part.len() + n > max {
+            out.push(Vec::new());
+        }
+        for m in run {
+            let part = out.last_mut().expect("one part at least");
+            part.push(m);
+            if part.len() >= max || (n > max && part.len() >= min && cut(m)) {
+                out.push(Vec::new());
+            }
+        }
+        let part = out.last_mut().expect("one part at least");
+        if n <= max && part.len() >= min && cut(key) {
             out.push(Vec::new());
         }
     }
@@ -291,5 +315,36 @@ mod tests {
         let changed = after.iter().filter(|p| !before.contains(p)).count();
         assert!(changed <= 2, "{changed} of {} parts changed", after.len());
         assert!(before.len() >= 25, "{} parts", before.len());
+    }
+
+    /// Documents of 8 chunks under a cluster limit of 12: each is a part of its own, and a new document (sorted in
+    /// anywhere) adds its own part and changes no other. A document over the limit is cut inside, in bounded parts.
+    #[test]
+    fn splits_keep_documents_together() {
+        let ids: Vec<String> = (0..40).flat_map(|d| (0..8).map(move |c| format!("n{d}#{c}"))).collect();
+        let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+        sorted.sort();
+        let doc = |m: &str| m.split('#').next().unwrap_or("").to_string();
+        for n in [24, 32, 320] {
+            let ps = parts(&sorted[..n], 12);
+            assert_eq!(ps.concat(), sorted[..n].to_vec());
+            for p in &ps {
+                assert!(p.iter().all(|m| doc(m) == doc(p[0])), "{n}: a part mixes documents: {p:?}");
+            }
+            let mut grown = sorted[..n].to_vec();
+            let new: Vec<String> = (0..8).map(|c| format!("n17x#{c}")).collect();
+            grown.extend(new.iter().map(String::as_str));
+            grown.sort();
+            let after = parts(&grown, 12);
+            let changed: Vec<_> = after.iter().filter(|p| !ps.contains(p)).collect();
+            assert_eq!(changed.len(), 1, "{n}: {changed:?}");
+            assert!(changed[0].iter().all(|m| m.starts_with("n17x#")));
+        }
+        let long: Vec<String> = (0..100).map(|t| format!("conv#{t}")).collect();
+        let mut long: Vec<&str> = long.iter().map(String::as_str).collect();
+        long.sort();
+        let ps = parts(&long, 12);
+        assert_eq!(ps.concat(), long);
+        assert!(ps.len() >= 9 && ps.iter().all(|p| (3..=12).contains(&p.len())), "{:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
     }
 }
