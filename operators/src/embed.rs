@@ -73,12 +73,17 @@ impl Embedder for HashEmbedder {
 
 /// A text's hashed features — lower-cased word unigrams (stop words out), and bigrams at half weight — each weighed
 /// `1 + ln tf` (a bigram seen once: 0.5), sorted by hash. What the hash embedder folds into its buckets; exact
-/// (64-bit keys, no bucket collisions) where a cosine between short texts must not be noise.
+/// 64-bit keys, before any bucket.
 pub fn features(text: &str) -> Vec<(u64, f32)> {
+    features_by(text, mixed)
+}
+
+/// [`features`] keyed by hash function `hash`.
+pub fn features_by(text: &str, hash: fn(&[u8]) -> u64) -> Vec<(u64, f32)> {
     let ws = words(text);
     let mut counts: std::collections::HashMap<u64, f32> = std::collections::HashMap::new();
     for w in ws.iter().filter(|w| !is_stop(w)) {
-        *counts.entry(mixed(w.as_bytes())).or_default() += 1.0;
+        *counts.entry(hash(w.as_bytes())).or_default() += 1.0;
     }
     for pair in ws.windows(2) {
         if is_stop(&pair[0]) && is_stop(&pair[1]) {
@@ -89,7 +94,7 @@ pub fn features(text: &str) -> Vec<(u64, f32)> {
         key.push(b' ');
         key.extend_from_slice(pair[1].as_bytes());
         // Bigrams weigh half a unigram: they sharpen, unigrams carry the topic.
-        *counts.entry(mixed(&key)).or_default() += 0.5;
+        *counts.entry(hash(&key)).or_default() += 0.5;
     }
     // Sorted so that float summation order, and hence every vector built from them, is the same on every run.
     let mut feats: Vec<(u64, f32)> =
