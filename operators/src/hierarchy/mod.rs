@@ -18,9 +18,9 @@
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
 //!    cluster over `max-cluster-size` is split in member-id order at content-defined points, a document's chunks kept
-//!    together ([`parts`]). A cluster is
-//!    named after its anchor, the replica of its smallest member ([`cluster_id`]), so that it keeps its id as other
-//!    members come and go; identical member sets are one cluster (the smaller anchor names it).
+//!    together ([`parts`]). A cluster is named after its anchor, the replica of its smallest member ([`cluster_id`]),
+//!    so that it keeps its id as other members come and go; identical member sets are one cluster (the smaller
+//!    anchor names it).
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
 //!    joins them (weight: the number of such links). The hierarchy stops at `max-layers`, or at the first layer
 //!    that does not shrink by `min-shrink` of the layer below (its clusters are dropped), per space
