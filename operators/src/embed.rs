@@ -103,19 +103,24 @@ pub fn features_by(text: &str, hash: fn(&[u8]) -> u64) -> Vec<(u64, f32)> {
     feats
 }
 
+/// Features folded into `dim` signed buckets (bucket: the hash modulo `dim`; sign: its top bit), L2-normalised.
+pub fn fold(features: &[(u64, f32)], dim: usize) -> Embedding {
+    let mut v = vec![0f32; dim];
+    for &(h, weight) in features {
+        let idx = (h % dim as u64) as usize;
+        let sign = if (h >> 63) & 1 == 1 { -1.0 } else { 1.0 };
+        v[idx] += sign * weight;
+    }
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    Embedding(v)
+}
+
 impl HashEmbedder {
     fn embed_one(&self, text: &str) -> Embedding {
-        let mut v = vec![0f32; self.dim];
-        for (h, weight) in features(text) {
-            let idx = (h % self.dim as u64) as usize;
-            let sign = if (h >> 63) & 1 == 1 { -1.0 } else { 1.0 };
-            v[idx] += sign * weight;
-        }
-        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        if norm > 0.0 {
-            v.iter_mut().for_each(|x| *x /= norm);
-        }
-        Embedding(v)
+        fold(&features(text), self.dim)
     }
 }
 

@@ -13,11 +13,11 @@
 //! A baseline, documented as one: it cannot see causality a cue phrase does not state. Deterministic, so a replay
 //! gives the same events without the response log.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::embed::{features_by, words};
+use crate::embed::{features_by, fold, words};
 use crate::summary::extractive_summary;
 
 /// One turn as the segmenter sees it.
@@ -170,19 +170,9 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
     // mixed its hash). Short texts score chance cosines of about ±0.07 there, around the 0.05 threshold; exact
     // features score 0 for every turn that shares no word with the event, and split conversations at each short reply
     // (the stand-up's appended turn started an event of its own): a change of the rule for its own measurement.
-    let vecs: Vec<Vec<(u64, f32)>> = turns
-        .iter()
-        .map(|t| {
-            let mut v = [0f32; 256];
-            for (h, w) in features_by(&t.text, crate::hash::fnv1a) {
-                v[(h % 256) as usize] += if (h >> 63) & 1 == 1 { -w } else { w };
-            }
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-            v.iter().enumerate().filter(|(_, x)| **x != 0.0).map(|(i, x)| (i as u64, x / norm)).collect()
-        })
-        .collect();
+    let vecs: Vec<_> = turns.iter().map(|t| fold(&features_by(&t.text, crate::hash::fnv1a), 256)).collect();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut centroid: BTreeMap<u64, f32> = BTreeMap::new();
+    let mut centroid: Vec<f32> = Vec::new();
     let mut last_time: Option<i64> = None;
     for (i, t) in turns.iter().enumerate() {
         let time = t.ts.as_deref().and_then(seconds);
@@ -190,20 +180,17 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
             None => true,
             Some(g) => {
                 let gap = matches!((last_time, time), (Some(a), Some(b)) if b - a >= p.time_gap_secs);
-                let norm = centroid.values().map(|x| x * x).sum::<f32>().sqrt();
-                let dot: f32 = vecs[i].iter().map(|(h, x)| x * centroid.get(h).copied().unwrap_or(0.0)).sum();
-                let cos = if norm > 0.0 { dot / norm } else { 0.0 };
+                let norm = centroid.iter().map(|x| x * x).sum::<f32>().sqrt();
+                let cos = if norm > 0.0 { vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm } else { 0.0 };
                 gap || g.len() >= p.max_turns || (g.len() >= p.min_turns && cos < p.shift_below)
             }
         };
         if start {
             groups.push(Vec::new());
-            centroid.clear();
+            centroid = vec![0.0; vecs[i].0.len()];
         }
         groups.last_mut().expect("a group").push(i);
-        for (h, x) in &vecs[i] {
-            *centroid.entry(*h).or_default() += x;
-        }
+        centroid.iter_mut().zip(&vecs[i].0).for_each(|(c, x)| *c += x);
         if time.is_some() {
             last_time = time;
         }
