@@ -6,7 +6,7 @@ pub mod file_source;
 pub mod input_log;
 #[cfg(feature = "kafka")]
 pub mod kafka;
-pub mod llm;
+pub mod openai;
 pub mod source;
 
 pub use dead_letter::DeadLetter;

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use engram_connectors::embedders::{EmbedderMetrics, OpenAiEmbedder};
-use engram_connectors::llm::{LlmMetrics, OpenAiClient, OpenAiConfig, ResponseFormat};
+use engram_connectors::embedders::EmbedderMetrics;
+use engram_connectors::openai::{LlmMetrics, OpenAiClient, OpenAiConfig, OpenAiEmbedder, ResponseFormat};
 use operators::{Embedder, HashEmbedder};
 use serde_json::{json, Value};
 

@@ -10,8 +10,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use engram_connectors::llm::{LlmMetrics, OpenAiClient, OpenAiConfig, OpenAiLlm, ResponseFormat};
-use operators::summary::{Llm, LlmError};
+use engram_connectors::openai::{LlmMetrics, OpenAiClient, OpenAiConfig, OpenAiLlm, ResponseFormat};
+use operators::llm::{Llm, LlmError};
 use serde_json::{json, Value};
 
 #[derive(Clone, Debug)]

@@ -35,9 +35,37 @@ pub fn mixed(bytes: &[u8]) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The 128-bit content key of `bytes`: FNV-1a over them and over them reversed, two 64-bit hashes so that a
+/// collision (which would serve one content another's logged reply) is vanishingly unlikely by chance. Every content
+/// key of the memory — cluster summaries, sessions, co-reference pairs, query-time calls, cluster and event ids,
+/// logged embeddings — is this function over the content's bytes, so logged replies stay keyed across restarts.
+pub fn content_key(bytes: &[u8]) -> (u64, u64) {
+    let rev: Vec<u8> = bytes.iter().rev().copied().collect();
+    (fnv1a(bytes), fnv1a(&rev))
+}
+
+/// [`content_key`] as 32 hex digits.
+pub fn content_hex(bytes: &[u8]) -> String {
+    let (a, b) = content_key(bytes);
+    format!("{a:016x}{b:016x}")
+}
+
+/// [`content_key`] cut to 96 bits, as 24 hex digits: the shorter form node ids use.
+pub fn content_hex96(bytes: &[u8]) -> String {
+    let (a, b) = content_key(bytes);
+    format!("{a:016x}{:08x}", b as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_keys_are_fnv_forwards_and_backwards() {
+        assert_eq!(content_key(b"ab"), (fnv1a(b"ab"), fnv1a(b"ba")));
+        assert_eq!(content_hex(b"ab"), format!("{:016x}{:016x}", fnv1a(b"ab"), fnv1a(b"ba")));
+        assert_eq!(content_hex96(b"ab"), format!("{:016x}{:08x}", fnv1a(b"ab"), fnv1a(b"ba") as u32));
+    }
 
     #[test]
     fn known_vectors() {

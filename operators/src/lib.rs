@@ -7,12 +7,16 @@ pub mod chunk;
 pub mod dataflow;
 pub mod embed;
 pub mod events;
-pub mod hierarchy;
+pub mod extractive;
 pub mod hash;
+pub mod hierarchy;
 pub mod ingest;
 pub mod lexical;
+pub mod llm;
+pub mod memory;
 pub mod model;
 pub mod record;
+pub mod request;
 pub mod similarity;
 pub mod summary;
 

@@ -92,12 +92,16 @@ fn type_name(v: &Value) -> &'static str {
 /// Parses and validates one raw record. `target_space` is the space named by the transport (the HTTP path, the
 /// Kafka key): it fills a missing `space` and must agree with a present one.
 pub fn parse_record(raw: &[u8], target_space: Option<&str>, limits: &Limits) -> Result<Record, Reject> {
+    from_value(parse_json(raw, limits)?, target_space, limits)
+}
+
+/// The JSON value of one raw record: within `max-record-bytes`, UTF-8, JSON.
+pub fn parse_json(raw: &[u8], limits: &Limits) -> Result<Value, Reject> {
     if raw.len() > limits.max_record_bytes {
         return Err(Reject::TooLarge { size: raw.len(), limit: limits.max_record_bytes });
     }
     let text = std::str::from_utf8(raw).map_err(|e| Reject::InvalidUtf8 { offset: e.valid_up_to() })?;
-    let value: Value = serde_json::from_str(text).map_err(|e| Reject::Json(e.to_string()))?;
-    from_value(value, target_space, limits)
+    serde_json::from_str(text).map_err(|e| Reject::Json(e.to_string()))
 }
 
 /// Validates an already-parsed JSON value (an element of an HTTP JSON array).

@@ -1,108 +1,18 @@
-//! Summaries: the `Llm` trait the hierarchy and (later) the event memory call, and the built-in extractive backend.
+//! Summaries: the extractive summary, the cache that lets a grown cluster keep its summary, and the schedule that
+//! decides when a waiting request is sent to the model.
 //!
-//! The extractive backend is a baseline, not a model: it picks the cluster's most central sentences (those whose
+//! The extractive summary is a baseline, not a model: it picks the cluster's most central sentences (those whose
 //! words recur across the cluster's texts), in their original order, up to a word budget. Deterministic, so a
 //! replay gives the same summaries even without the response log.
 
-use std::collections::HashMap;
-
-use thiserror::Error;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use crate::embed::words;
-use crate::events::{
-    extractive_relations, extractive_segments, EventDraft, EventIn, RelationDraft, SegmentParams, TurnIn,
-};
 use crate::hash::fnv1a;
+use crate::request::ModelRequest;
 
-/// Why a summary could not be made. Whose fault it is decides whether a retry can help.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum LlmError {
-    #[error("the LLM service failed: {0}")]
-    Service(String),
-    #[error("the LLM reply did not have the expected shape: {0}")]
-    BadReply(String),
-}
-
-/// What the memory asks of a language model. Implementations: [`Extractive`] here, OpenAI-compatible clients in
-/// `engram-connectors`.
-pub trait Llm: Send + Sync {
-    /// A model name for the response log key (`extractive` for the built-in backend).
-    fn model(&self) -> &str;
-    /// Summarises the texts of one cluster into one passage.
-    fn summarize(&self, texts: &[&str]) -> Result<String, LlmError>;
-    /// Segments a conversation's turns (in order) into events: every turn in exactly one event, events of
-    /// consecutive turns, in order.
-    fn segment(&self, turns: &[TurnIn]) -> Result<Vec<EventDraft>, LlmError>;
-    /// Types the relations among events (in time order).
-    fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError>;
-    /// A short answer to `question` from the evidence passages (best first); `None` from a backend that does not
-    /// generate text (the extractive one: its "answer" is the evidence itself).
-    fn answer(&self, _question: &str, _evidence: &[&str]) -> Result<Option<String>, LlmError> {
-        Ok(None)
-    }
-    /// Prune-and-Grow's selection: the indices of the candidate passages relevant to `question`; `None` without a
-    /// model (retrieval then uses its similarity rule).
-    fn select(&self, _question: &str, _candidates: &[&str]) -> Result<Option<Vec<usize>>, LlmError> {
-        Ok(None)
-    }
-    /// CompassMem's Planner: the question split into 1–5 subgoals; `None` without a model.
-    fn plan(&self, _question: &str) -> Result<Option<Vec<String>>, LlmError> {
-        Ok(None)
-    }
-    /// CompassMem's Explorer: for each event (a description), what to do with it for `subgoal`; `None` without a
-    /// model.
-    fn explore(&self, _question: &str, _subgoal: &str, _events: &[&str]) -> Result<Option<Vec<Explore>>, LlmError> {
-        Ok(None)
-    }
-    /// CompassMem's co-reference judge: are two events (descriptions) one event, overlapping, or different? `None`
-    /// without a model.
-    fn judge(&self, _a: &str, _b: &str) -> Result<Option<crate::events::Verdict>, LlmError> {
-        Ok(None)
-    }
-}
-
-/// An Explorer's choice for one event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Explore {
-    /// Keep it and walk on along its relations.
-    Expand,
-    /// Keep it; it answers the subgoal, no need to walk on.
-    Answer,
-    /// Not relevant.
-    Skip,
-}
-
-/// The built-in extractive backend.
-#[derive(Clone, Debug)]
-pub struct Extractive {
-    pub max_words: usize,
-}
-
-impl Default for Extractive {
-    fn default() -> Self {
-        Extractive { max_words: 80 }
-    }
-}
-
-impl Llm for Extractive {
-    fn model(&self) -> &str {
-        "extractive"
-    }
-
-    fn summarize(&self, texts: &[&str]) -> Result<String, LlmError> {
-        Ok(extractive_summary(texts, self.max_words))
-    }
-
-    fn segment(&self, turns: &[TurnIn]) -> Result<Vec<EventDraft>, LlmError> {
-        Ok(extractive_segments(turns, &SegmentParams { summary_words: self.max_words, ..SegmentParams::default() }))
-    }
-
-    fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError> {
-        Ok(extractive_relations(events))
-    }
-}
-
+/// The sentences of `text`: cut after `.`, `!` or `?` before whitespace, and at line breaks.
 fn sentences(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
@@ -179,21 +89,6 @@ pub fn extractive_summary(texts: &[&str], max_words: usize) -> String {
     } else {
         text
     }
-}
-
-/// The cache key of a cluster's content: its members' ids and texts, in id order.
-pub fn content_hash(members: &[(&str, &str)]) -> String {
-    let mut key = Vec::new();
-    for (id, text) in members {
-        key.extend_from_slice(id.as_bytes());
-        key.push(0x1e);
-        key.extend_from_slice(text.as_bytes());
-        key.push(0x1f);
-    }
-    // Two independent 64-bit hashes (the second over the reversed bytes): a collision would serve one cluster
-    // another's summary, so make it vanishingly unlikely.
-    let rev: Vec<u8> = key.iter().rev().copied().collect();
-    format!("{:016x}{:016x}", fnv1a(&key), fnv1a(&rev))
 }
 
 /// What a cluster summary was made from, logged with it so that later requests can reuse it (and a restart knows
@@ -388,6 +283,107 @@ impl SummaryCache {
     }
 }
 
+/// When a waiting request goes to the model. A request (`(space, content key)`) is sent once it has waited
+/// `debounce` unchanged — a cluster still changing gets a new content key, and so a new wait — and at most once
+/// until [`Scheduler::retry`]. A live session (a meeting being transcribed) changes with every turn and so never
+/// waits out the debounce: its newest content is sent anyway once `max_latency` has passed since the session was
+/// last sent. Time is whatever the caller counts in (the engine's wall clock, a bench's epochs), from any origin.
+#[derive(Debug)]
+pub struct Scheduler {
+    debounce: Duration,
+    max_latency: Duration,
+    first_seen: HashMap<(String, String), Duration>,
+    sent: HashSet<(String, String)>,
+    /// Per live session `(space, conversation, session)`: since when its newest turns have waited for the model.
+    session_since: HashMap<(String, String, i64), Duration>,
+}
+
+/// A request waiting for the model: `((space, content key), request)`.
+pub type Waiting = ((String, String), ModelRequest);
+
+impl Scheduler {
+    pub fn new(debounce: Duration, max_latency: Duration) -> Self {
+        Scheduler {
+            debounce,
+            max_latency,
+            first_seen: HashMap::new(),
+            sent: HashSet::new(),
+            session_since: HashMap::new(),
+        }
+    }
+
+    /// The requests of `waiting` (everything waiting now) that are due at `now`, in the order given; forgets the
+    /// requests no longer waiting.
+    pub fn due<'a>(&mut self, waiting: &'a [Waiting], now: Duration) -> Vec<&'a Waiting> {
+        let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
+        self.first_seen.retain(|k, _| live.contains(k));
+        self.sent.retain(|k| live.contains(k));
+        let sessions: HashSet<(&str, &str, i64)> = waiting
+            .iter()
+            .filter_map(|((space, _), r)| match r {
+                ModelRequest::Session { conversation, session, .. } => Some((space.as_str(), conversation.as_str(), *session)),
+                _ => None,
+            })
+            .collect();
+        self.session_since.retain(|(s, c, n), _| sessions.contains(&(s.as_str(), c.as_str(), *n)));
+        let mut due = Vec::new();
+        for w in waiting {
+            let (key, request) = w;
+            let seen = *self.first_seen.entry(key.clone()).or_insert(now);
+            let stable = now.saturating_sub(seen) >= self.debounce;
+            let session = match request {
+                ModelRequest::Session { conversation, session, .. } => Some((key.0.clone(), conversation.clone(), *session)),
+                _ => None,
+            };
+            let overdue = session.as_ref().is_some_and(|s| {
+                let since = *self.session_since.entry(s.clone()).or_insert(now);
+                now.saturating_sub(since) >= self.max_latency
+            });
+            if (stable || overdue) && !self.sent.contains(key) {
+                self.sent.insert(key.clone());
+                if let Some(s) = session {
+                    self.session_since.insert(s, now);
+                }
+                due.push(w);
+            }
+        }
+        due
+    }
+
+    /// A request that failed: sent again after another debounce from `now`.
+    pub fn retry(&mut self, key: &(String, String), now: Duration) {
+        self.sent.remove(key);
+        self.first_seen.insert(key.clone(), now);
+    }
+
+    /// A reply that could not be kept: the request is due again at once.
+    pub fn resend(&mut self, key: &(String, String)) {
+        self.sent.remove(key);
+    }
+}
+
+/// What the summariser does with a due request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// An earlier summary holds for this cluster's content: log it under the new key, no call.
+    Reuse { text: String, coverage: Coverage },
+    /// Ask the model; a cluster summary is recorded in the cache under its coverage.
+    Ask(Option<Coverage>),
+}
+
+impl SummaryCache {
+    /// The plan for a due request: a cluster may reuse an earlier summary; sessions and judgements always ask.
+    pub fn plan(&self, space: &str, key: &str, request: &ModelRequest) -> Plan {
+        match request {
+            ModelRequest::Summary { layer, cluster, members } => match self.decide(space, *layer, cluster, key, members) {
+                Decision::Reuse { text, coverage } => Plan::Reuse { text, coverage },
+                Decision::Fresh(coverage) => Plan::Ask(Some(coverage)),
+            },
+            ModelRequest::Session { .. } | ModelRequest::Judge { .. } => Plan::Ask(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,14 +408,6 @@ mod tests {
         let s = extractive_summary(&texts, 40);
         assert_eq!(s.matches("The sea wall was approved.").count(), 1, "{s}");
         assert!(s.contains("vote was close"), "{s}");
-    }
-
-    #[test]
-    fn content_hash_depends_on_ids_and_texts() {
-        let a = content_hash(&[("a", "x"), ("b", "y")]);
-        assert_ne!(a, content_hash(&[("a", "x"), ("b", "z")]));
-        assert_ne!(a, content_hash(&[("a", "x"), ("c", "y")]));
-        assert_eq!(a, content_hash(&[("a", "x"), ("b", "y")]));
     }
 
     fn ms(v: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -139,6 +139,13 @@ pub struct LlmConfig {
     pub max_tokens: u32,
 }
 
+impl LlmConfig {
+    /// Whether a model (not the built-in extractive backend) answers the memory's requests and the query stages.
+    pub fn has_model(&self) -> bool {
+        self.backend != LlmBackend::Extractive
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ResponseFormatName {
@@ -182,6 +189,8 @@ pub struct QueryConfig {
     pub default_budget_words: usize,
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
+    /// How many distinct topics among the top events seed `compass` with their other members.
+    pub compass_topics: usize,
 }
 
 /// Values given on the command line; each overrides its key.

@@ -10,14 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Overrides};
-use crate::engine::{self, Item, Shared};
+use crate::engine::{Engine, Place, Shared};
 use crate::query::{Mode, QueryRequest};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -180,20 +179,17 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut env: Vec<(String, String)> = std::env::vars().collect();
     env.push(("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE".into(), "10ms".into()));
     let config = Config::load(args.config.as_deref(), env, &overrides)?;
-    let shared = Shared::open(config, engine::Place::SINGLE)?;
+    let mut engine = Engine::open(config, Place::SINGLE)?;
+    let shared = engine.shared().clone();
     let limits = shared.limits.clone();
-    {
-        let mut q = shared.queue.lock().expect("queue");
-        for r in &records {
-            q.items.push(Item::Record(operators::record::from_value(r.clone(), None, &limits).map_err(|e| anyhow::anyhow!("{e}"))?));
-        }
-        q.opened = Some(Instant::now());
-    }
+    let records = records
+        .iter()
+        .map(|r| operators::record::from_value(r.clone(), None, &limits).map_err(|e| anyhow::anyhow!("{e}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let turns = records.len();
+    shared.queue_records(records);
     let started = Instant::now();
-    let summarizer = engine::spawn_summarizer(shared.clone());
-    let ws = shared.clone();
-    let guards = timely::execute(timely::Config::thread(), move |w| engine::run_worker(w, ws.clone()))
-        .map_err(|e| anyhow::anyhow!("timely: {e}"))?;
+    engine.start(timely::Config::thread())?;
     // Settled: the records are in and no cluster waits for a summary (for two looks in a row). A model that keeps
     // failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
     let mut quiet = 0;
@@ -214,7 +210,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let build_seconds = started.elapsed().as_secs_f64();
-    eprintln!("ingested {} turns in {build_seconds:.1}s; {} questions", records.len(), questions.len());
+    eprintln!("ingested {turns} turns in {build_seconds:.1}s; {} questions", questions.len());
     let groupings = compare_groupings(&shared, &questions);
     let modes: Vec<Mode> = if args.modes.is_empty() {
         vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]
@@ -231,7 +227,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     // (mode, budget, category) → (n, recall sum)
     let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();
     // With a model: (mode, budget, category) → scores of the generated answers.
-    let answering = shared.config.llm.backend != crate::config::LlmBackend::Extractive;
+    let answering = shared.has_model();
     let mut scored: BTreeMap<(&'static str, usize, String), Scores> = BTreeMap::new();
     // A progress bar on a terminal; plain lines every 100 questions otherwise (CI logs, files).
     let bar = indicatif::ProgressBar::new(questions.len() as u64);
@@ -252,7 +248,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                 let k = if mode == Mode::Flat { 200 } else { 10 };
                 let answer = answering && q.answer.is_some();
                 let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k), answer: Some(answer), use_model: None };
-                let resp = crate::http::execute_query(&shared, &q.space, &req).map_err(|e| anyhow::anyhow!(e.message))?;
+                let resp = crate::service::execute(&shared, &q.space, &req)?;
                 if let (true, Some(gold)) = (answer, &q.answer) {
                     let predicted = resp.answer.clone().unwrap_or_default();
                     if let Some(err) = &resp.answer_error {
@@ -280,11 +276,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    shared.shutdown.store(true, Ordering::Relaxed);
-    for r in guards.join() {
-        r.map_err(|e| anyhow::anyhow!("worker: {e}"))?;
-    }
-    let _ = summarizer.join();
+    engine.stop()?;
     let results: Vec<Value> = acc
         .iter()
         .map(|(key, (n, s))| {

@@ -1,7 +1,6 @@
-//! The HTTP API (DESIGN §Interface contract) and the admin server (/metrics, /healthz).
+//! The HTTP API and the admin server (/metrics, /healthz).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -10,10 +9,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
+use operators::request::ModelRequest;
 use serde_json::json;
 
 use crate::engine::{IngestError, Shared};
-use crate::query::{self, Mode, QueryRequest, QueryResponse};
+use crate::query::{self, QueryRequest, QueryResponse};
+use crate::service::{self, QueryError};
 
 /// Every error the API returns: a status and `{"error":{"code","message"}}`.
 #[derive(Debug)]
@@ -44,6 +45,16 @@ impl From<IngestError> for AppError {
             IngestError::Overloaded(_) => AppError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string()),
             IngestError::Log(_) => AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "input_log", e.to_string()),
         }
+    }
+}
+
+impl From<QueryError> for AppError {
+    fn from(e: QueryError) -> Self {
+        let status = match e {
+            QueryError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            QueryError::UnknownSpace(_) => StatusCode::NOT_FOUND,
+        };
+        AppError::new(status, e.code(), e.to_string())
     }
 }
 
@@ -118,19 +129,10 @@ async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: B
             .map_err(|e| AppError::bad_request(format!("body starts with '[' but is not a JSON array: {e}")))?;
         values.into_iter().map(Ok).collect()
     } else {
-        let max = s.limits.max_record_bytes;
         trimmed
             .split(|b| *b == b'\n')
             .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-            .map(|line| {
-                if line.len() > max {
-                    return Err((line.to_vec(), operators::Reject::TooLarge { size: line.len(), limit: max }.to_string()));
-                }
-                let text = std::str::from_utf8(line).map_err(|e| {
-                    (line.to_vec(), operators::Reject::InvalidUtf8 { offset: e.valid_up_to() }.to_string())
-                })?;
-                serde_json::from_str(text).map_err(|e| (line.to_vec(), operators::Reject::Json(e.to_string()).to_string()))
-            })
+            .map(|line| operators::record::parse_json(line, &s.limits).map_err(|e| (line.to_vec(), e.to_string())))
             .collect()
     };
     if raws.is_empty() {
@@ -210,74 +212,13 @@ async fn query_space(
     check_space(&space)?;
     let req: QueryRequest =
         serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid query body: {e}")))?;
-    validate_query(&s, &req)?;
+    service::validate(&s, &req)?;
     wait_for(&s, params.after.as_deref()).await?;
     let shared = s.clone();
-    let response = tokio::task::spawn_blocking(move || execute_query(&shared, &space, &req))
+    let response = tokio::task::spawn_blocking(move || service::execute(&shared, &space, &req))
         .await
         .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
     Ok(Json(response))
-}
-
-fn validate_query(s: &Shared, req: &QueryRequest) -> Result<(), AppError> {
-    if req.query.trim().is_empty() {
-        return Err(AppError::bad_request("`query` must not be empty"));
-    }
-    let k = req.k.unwrap_or(s.config.query.default_k);
-    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
-    if !(1..=1000).contains(&k) {
-        return Err(AppError::bad_request(format!("`k` = {k} must be in 1..=1000")));
-    }
-    if !(1..=100_000).contains(&budget) {
-        return Err(AppError::bad_request(format!("`budget_words` = {budget} must be in 1..=100000")));
-    }
-    Ok(())
-}
-
-/// Answers a query from the current views (blocking: call it off the async runtime).
-pub fn execute_query(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryResponse, AppError> {
-    validate_query(s, req)?;
-    let k = req.k.unwrap_or(s.config.query.default_k);
-    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
-    let started = Instant::now();
-    let has_model = s.config.llm.backend != crate::config::LlmBackend::Extractive;
-    let guided = req.mode != Mode::Flat && req.use_model.unwrap_or(has_model);
-    let (evidence, trace, as_of) = if guided {
-        // The model takes seconds: retrieve from a copy of the space, so the views (and the dataflow that writes
-        // them) are never held while it thinks.
-        let (view, as_of) = {
-            let views = s.views.read().expect("views lock");
-            (space_view(&views, space)?.clone(), views.as_of)
-        };
-        let guide = crate::engine::ModelGuide { shared: s, space };
-        let (evidence, trace) = match req.mode {
-            Mode::PruneAndGrow => query::prune_and_grow(&view, s.embedder.as_ref(), &guide, &req.query, k, budget),
-            _ => query::compass(&view, s.embedder.as_ref(), &guide, &req.query, k, budget),
-        };
-        (evidence, trace, as_of)
-    } else {
-        let views = s.views.read().expect("views lock");
-        let view = space_view(&views, space)?;
-        let rule = query::NoModel;
-        let (evidence, trace) = match req.mode {
-            Mode::PruneAndGrow => query::prune_and_grow(view, s.embedder.as_ref(), &rule, &req.query, k, budget),
-            Mode::Compass => query::compass(view, s.embedder.as_ref(), &rule, &req.query, k, budget),
-            Mode::Flat => query::flat(view, s.embedder.as_ref(), &req.query, k, budget),
-        };
-        (evidence, trace, views.as_of)
-    };
-    s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
-    // The Responder: a short answer from the evidence, with the views unlocked while the model thinks.
-    let wanted = req.answer.unwrap_or(has_model);
-    let (mut answer, mut answer_error) = (None, None);
-    if wanted && !evidence.is_empty() {
-        let texts: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();
-        match s.answer(space, &req.query, &texts) {
-            Ok(a) => answer = a,
-            Err(e) => answer_error = Some(e.to_string()),
-        }
-    }
-    Ok(QueryResponse { evidence, answer, answer_error, as_of, trace })
 }
 
 async fn node(
@@ -381,7 +322,23 @@ async fn pending_summaries(State(s): State<Arc<Shared>>, Path(space): Path<Strin
     let pending: Vec<_> = view
         .requests
         .iter()
-        .map(|(h, (layer, c, ms))| json!({"content_hash": h, "layer": layer, "cluster": c, "members": ms.len()}))
+        .map(|(h, r)| {
+            let mut v = json!({"content_hash": h, "kind": r.kind().name()});
+            match r {
+                ModelRequest::Summary { layer, cluster, members } => {
+                    v["layer"] = json!(layer);
+                    v["cluster"] = json!(cluster);
+                    v["members"] = json!(members.len());
+                }
+                ModelRequest::Session { conversation, session, turns } => {
+                    v["conversation"] = json!(conversation);
+                    v["session"] = json!(session);
+                    v["turns"] = json!(turns.len());
+                }
+                ModelRequest::Judge { pair } => v["events"] = json!([pair[0].0, pair[1].0]),
+            }
+            v
+        })
         .collect();
     Ok(Json(json!({"pending": pending, "as_of": views.as_of})))
 }

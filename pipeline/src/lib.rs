@@ -10,4 +10,5 @@ pub mod metrics;
 pub mod outputs;
 pub mod query;
 pub mod score;
+pub mod service;
 pub mod views;

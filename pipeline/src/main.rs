@@ -1,16 +1,15 @@
-//! `engram`: a streaming memory engine for LLM agents.
-
+//! `engram`: a streaming memory engine for LLM agents. This file is the CLI: it parses the command line and calls
+//! the library (`engram::engine::Engine` for `run`, `engram::eval`, `engram::bench`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use connectors::{FileSource, StdinSource};
 
 use engram::config::{Config, Overrides};
-use engram::engine::{self, Shared};
+use engram::engine::{Engine, Place, Shared};
 use engram::{bench, http};
 
 #[derive(Parser)]
@@ -185,138 +184,126 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let ask_mode: engram::query::Mode = serde_json::from_value(serde_json::json!(args.ask_mode))
         .map_err(|_| anyhow::anyhow!("--ask-mode {:?}: expected flat, prune-and-grow or compass", args.ask_mode))?;
     anyhow::ensure!(!args.once || !args.follow, "--once and --follow contradict each other: a followed file never ends");
-    let place = engine::Place { process: args.timely.process, processes: args.timely.processes };
+    let place = Place { process: args.timely.process, processes: args.timely.processes };
     let serving = place.leads();
     // Every process keeps its own input log and dead-letter file (process p > 0 under DATA_DIR/process-p).
-    let shared = Shared::open(config, place)?;
-
+    let mut engine = Engine::open(config, place)?;
+    let shared = engine.shared().clone();
     // Bind before starting anything, so a taken port fails fast and clearly.
-    let listeners = if serving {
-        let (api, admin) = rt.block_on(async {
-            let api = tokio::net::TcpListener::bind(shared.config.listen).await;
-            let admin = tokio::net::TcpListener::bind(shared.config.admin).await;
-            (api, admin)
-        });
-        let api = api.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", shared.config.listen))?;
-        let admin = admin.map_err(|e| anyhow::anyhow!("cannot listen on {} (admin): {e}", shared.config.admin))?;
-        Some((api, admin))
-    } else {
-        None
-    };
+    let listeners = if serving { Some(bind(&rt, shared.config.listen, shared.config.admin)?) } else { None };
     // A follower serves its own /metrics and /healthz when given --admin (its Kafka lag, records, commits).
     let follower_admin = match (serving, args.admin) {
         (false, Some(addr)) => Some(
-            rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
+            rt.block_on(tokio::net::TcpListener::bind(addr))
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
         ),
         _ => None,
     };
+    add_sources(&mut engine, &args, place)?;
+    engine.start(timely_config)?;
 
-    let mut sources = Vec::new();
-    if !serving && !args.inputs.is_empty() {
-        tracing::warn!(process = place.process, "--input is read by process 0 only; this process reads its share of the Kafka partitions");
-    }
-    if serving {
-        for path in &args.inputs {
-            let (src, kind): (Box<dyn connectors::Source>, &'static str) = if path.as_os_str() == "-" {
-                (Box::new(StdinSource::spawn()), "stdin")
-            } else {
-                anyhow::ensure!(args.follow || path.exists(), "input file {} does not exist", path.display());
-                let source = FileSource::new(path, args.follow);
-                let after = shared.resume.get(&connectors::Source::name(&source)).copied().unwrap_or(0);
-                if after > 0 {
-                    tracing::info!(path = %path.display(), after_line = after, "resuming an input file after what the input log holds");
-                }
-                (Box::new(source.resume_after(after)), "file")
-            };
-            sources.push(engine::spawn_source(shared.clone(), src, kind));
-        }
-    }
-    // Every process reads its share of the partitions: the i-th of all (topic, partition) pairs, in order, goes to
-    // process i mod n.
-    let k = &shared.config.kafka;
-    if !k.topics.is_empty() {
-        #[cfg(feature = "kafka")]
-        {
-            let share = connectors::kafka::Share { index: place.process, peers: place.processes };
-            let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, share, &shared.resume, Some(shared.metrics.kafka.clone()))
-                .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
-            sources.push(engine::spawn_source(shared.clone(), Box::new(source), "kafka"));
-        }
-    }
-
-    let summarizer = serving.then(|| engine::spawn_summarizer(shared.clone()));
-    let worker_shared = shared.clone();
-    let guards = timely::execute(timely_config, move |worker| engine::run_worker(worker, worker_shared.clone()))
-        .map_err(|e| anyhow::anyhow!("starting timely: {e}"))?;
-
-    if let Some((api, admin)) = listeners {
-        let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
-        tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
-        let api_app = http::api(shared.clone());
-        let admin_app = http::admin(shared.clone());
-        let (shared_for_asks, asks, once) = (shared.clone(), args.asks.clone(), args.once);
-        rt.block_on(async move {
-            let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
-            let mut rx1 = tx.subscribe();
-            let mut rx2 = tx.subscribe();
-            let a = tokio::spawn(async move {
-                axum::serve(api, api_app).with_graceful_shutdown(async move { let _ = rx1.recv().await; }).await
-            });
-            let b = tokio::spawn(async move {
-                axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
-            });
-            // Stops on a signal, or once the --ask answers are out with --once.
-            let after_asks = async move {
-                if !answer_asks(shared_for_asks, asks, ask_mode, once).await {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                _ = signals.recv() => {}
-                _ = after_asks => {}
-            }
-            tracing::info!("stopping: finishing the open epoch");
-            let _ = tx.send(());
-            let _ = a.await;
-            let _ = b.await;
-        });
-    } else {
+    let Some((api, admin)) = listeners else {
         // A follower process: it runs its workers until process 0 closes the dataflow, or until signalled.
         if let Some(listener) = follower_admin {
             let app = http::admin(shared.clone());
             rt.spawn(async move { axum::serve(listener, app).await });
         }
         let finished = rt.block_on(async {
-            let join = tokio::task::spawn_blocking(move || guards.join());
+            let join = tokio::task::spawn_blocking(move || {
+                let mut engine = engine;
+                engine.join_workers()
+            });
             tokio::select! {
                 r = join => Some(r),
                 _ = signals.recv() => None,
             }
         });
         return match finished {
-            Some(Ok(results)) => {
-                for r in results {
-                    r.map_err(|e| anyhow::anyhow!("worker failed: {e}"))?;
-                }
-                Ok(ExitCode::SUCCESS)
-            }
+            Some(Ok(r)) => r.map(|()| ExitCode::SUCCESS),
             Some(Err(e)) => Err(anyhow::anyhow!("worker thread: {e}")),
             None => Ok(ExitCode::SUCCESS),
         };
-    }
-    shared.shutdown.store(true, Ordering::Relaxed);
-    for s in sources {
-        let _ = s.join();
-    }
-    if let Some(s) = summarizer {
-        let _ = s.join();
-    }
-    for r in guards.join() {
-        r.map_err(|e| anyhow::anyhow!("worker failed: {e}"))?;
-    }
-    shared.outputs.flush();
-    tracing::info!(as_of = ?*shared.as_of.borrow(), "stopped");
+    };
+    let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
+    tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
+    let (api_app, admin_app) = (http::api(shared.clone()), http::admin(shared.clone()));
+    let (asks, once) = (args.asks.clone(), args.once);
+    rt.block_on(async move {
+        let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
+        let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
+        let a = tokio::spawn(async move {
+            axum::serve(api, api_app).with_graceful_shutdown(async move { let _ = rx1.recv().await; }).await
+        });
+        let b = tokio::spawn(async move {
+            axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
+        });
+        // Stops on a signal, or once the --ask answers are out with --once.
+        let after_asks = async move {
+            if !answer_asks(shared, asks, ask_mode, once).await {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = signals.recv() => {}
+            _ = after_asks => {}
+        }
+        tracing::info!("stopping: finishing the open epoch");
+        let _ = tx.send(());
+        let _ = a.await;
+        let _ = b.await;
+    });
+    engine.stop()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds the API and admin listeners.
+fn bind(
+    rt: &tokio::runtime::Runtime,
+    api: SocketAddr,
+    admin: SocketAddr,
+) -> anyhow::Result<(tokio::net::TcpListener, tokio::net::TcpListener)> {
+    let (a, b) = rt.block_on(async {
+        (tokio::net::TcpListener::bind(api).await, tokio::net::TcpListener::bind(admin).await)
+    });
+    let a = a.map_err(|e| anyhow::anyhow!("cannot listen on {api}: {e}"))?;
+    let b = b.map_err(|e| anyhow::anyhow!("cannot listen on {admin} (admin): {e}"))?;
+    Ok((a, b))
+}
+
+/// The --input files (process 0, each resumed after what the input log holds) and the Kafka source (every process
+/// reads its share of the partitions: the i-th of all (topic, partition) pairs, in order, goes to process i mod n).
+fn add_sources(engine: &mut Engine, args: &RunArgs, place: Place) -> anyhow::Result<()> {
+    let shared = engine.shared().clone();
+    if !place.leads() && !args.inputs.is_empty() {
+        tracing::warn!(process = place.process, "--input is read by process 0 only; this process reads its share of the Kafka partitions");
+    }
+    if place.leads() {
+        for path in &args.inputs {
+            if path.as_os_str() == "-" {
+                engine.add_source(Box::new(StdinSource::spawn()), "stdin");
+                continue;
+            }
+            anyhow::ensure!(args.follow || path.exists(), "input file {} does not exist", path.display());
+            let source = FileSource::new(path, args.follow);
+            let after = shared.resume.get(&connectors::Source::name(&source)).copied().unwrap_or(0);
+            if after > 0 {
+                tracing::info!(path = %path.display(), after_line = after, "resuming an input file after what the input log holds");
+            }
+            engine.add_source(Box::new(source.resume_after(after)), "file");
+        }
+    }
+    let k = &shared.config.kafka;
+    if !k.topics.is_empty() {
+        #[cfg(feature = "kafka")]
+        {
+            let share = connectors::kafka::Share { index: place.process, peers: place.processes };
+            let metrics = Some(shared.metrics.kafka.clone());
+            let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, share, &shared.resume, metrics)
+                .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
+            engine.add_source(Box::new(source), "kafka");
+        }
+    }
+    Ok(())
 }
 
 /// Waits until the --input files are in the views, prints each --ask answer, and returns whether to stop (--once).
@@ -346,10 +333,10 @@ async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, mode: en
         };
         let s = shared.clone();
         let space = space.to_string();
-        let out = tokio::task::spawn_blocking(move || http::execute_query(&s, &space, &req)).await;
+        let out = tokio::task::spawn_blocking(move || engram::service::execute(&s, &space, &req)).await;
         match out {
             Ok(Ok(resp)) => println!("{}", serde_json::to_string_pretty(&resp).unwrap_or_default()),
-            Ok(Err(e)) => eprintln!("--ask {ask:?}: {} ({})", e.message, e.code),
+            Ok(Err(e)) => eprintln!("--ask {ask:?}: {e} ({})", e.code()),
             Err(e) => eprintln!("--ask {ask:?}: {e}"),
         }
     }
@@ -386,7 +373,7 @@ fn embed(args: EmbedArgs) -> anyhow::Result<ExitCode> {
     use std::io::{BufRead, Write};
     let config = Config::load(args.config.as_deref(), std::env::vars().collect::<Vec<_>>(), &Overrides::default())?;
     let dir = std::env::temp_dir().join(format!("engram-embed-{}", std::process::id()));
-    let embedder = engine::make_embedder(&config, &engram::metrics::Metrics::new(), &dir)?;
+    let embedder = engram::engine::make_embedder(&config, &engram::metrics::Metrics::new(), &dir)?;
     let lines: Vec<String> = std::io::stdin().lock().lines().collect::<Result<_, _>>()?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for batch in lines.chunks(64) {

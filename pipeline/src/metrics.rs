@@ -19,9 +19,9 @@ pub struct Metrics {
     pub summary_backlog: IntGauge,
     /// Cluster summaries served from an earlier summary that still holds (no model call).
     pub summaries_reused: IntCounter,
-    pub llm: connectors::llm::LlmMetrics,
+    pub llm: connectors::openai::LlmMetrics,
     /// The OpenAI-compatible embedder's requests (`engram_embedder_requests_total{stage,outcome}`, …).
-    pub embedder_requests: connectors::llm::LlmMetrics,
+    pub embedder_requests: connectors::openai::LlmMetrics,
     /// Every embedder's texts and batch latency.
     pub embedder: connectors::embedders::EmbedderMetrics,
     #[cfg(feature = "kafka")]
@@ -83,9 +83,9 @@ impl Metrics {
             "Cluster summaries reused from an earlier summary of a part of the same content (no model call)",
         )
         .expect("metric");
-        let llm = connectors::llm::LlmMetrics::new(&registry).expect("LLM metrics");
+        let llm = connectors::openai::LlmMetrics::new(&registry).expect("LLM metrics");
         let embedder_requests =
-            connectors::llm::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
+            connectors::openai::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
         let embedder = connectors::embedders::EmbedderMetrics::new(&registry).expect("embedder metrics");
         #[cfg(feature = "kafka")]
         let kafka = connectors::kafka::KafkaMetrics::new(&registry).expect("Kafka metrics");

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use operators::model::ErrorRow;
+use operators::request::ModelRequest;
 use operators::{Edge, Embedding, Node};
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +20,8 @@ pub enum ViewUpdate {
     LayerEdge(String, u32, String, String, u64),
     /// (space, layer, cluster, text): embedded when applied, once per inserted summary.
     Summary(String, u32, String, String),
-    /// A cluster waiting for its summary: `(space, layer, cluster, content hash, members and texts)`.
-    Request(String, u32, String, String, Vec<(String, String)>),
+    /// A request waiting for the model: `(space, content key, request)`.
+    Request(String, String, ModelRequest),
     /// An event of the event memory (CompassMem).
     Event(String, operators::events::EventRow),
     /// A typed relation between two events.
@@ -61,8 +62,8 @@ pub struct SpaceView {
     pub clusters: HashMap<String, ClusterView>,
     /// node or cluster → the clusters that hold it.
     pub parents: HashMap<String, BTreeSet<String>>,
-    /// content hash → (layer, cluster, members and texts): the summariser's work list.
-    pub requests: BTreeMap<String, (u32, String, Vec<(String, String)>)>,
+    /// content key → request: the summariser's work list.
+    pub requests: BTreeMap<String, ModelRequest>,
     /// Events by id, and their relations.
     pub events: BTreeMap<String, operators::events::EventRow>,
     pub relations: BTreeSet<operators::events::RelationRow>,
@@ -255,12 +256,12 @@ impl Views {
                         }
                     }
                 }
-                ViewUpdate::Request(space, layer, c, hash, members) => {
+                ViewUpdate::Request(space, key, request) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
-                        view.requests.insert(hash, (layer, c, members));
+                        view.requests.insert(key, request);
                     } else {
-                        view.requests.remove(&hash);
+                        view.requests.remove(&key);
                     }
                 }
                 ViewUpdate::Event(space, e) => {
@@ -393,7 +394,8 @@ mod tests {
     #[test]
     fn updates_that_cancel_within_an_epoch_leave_nothing() {
         let mut v = Views::default();
-        let r = ViewUpdate::Request("s".into(), 1, "L1:x".into(), "h".into(), vec![]);
+        let request = ModelRequest::Summary { layer: 1, cluster: "L1:x".into(), members: vec![] };
+        let r = ViewUpdate::Request("s".into(), "h".into(), request);
         v.apply(vec![(r.clone(), 1), (r, -1)]);
         assert!(v.spaces.is_empty());
     }

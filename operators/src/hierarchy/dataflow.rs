@@ -234,7 +234,7 @@ pub struct Summaries<'s, T: Timestamp> {
 }
 
 /// Joins clusters with the summaries of their content. A cluster's content is its members' ids and texts (chunk
-/// texts at layer 1, the members' summaries above), hashed with [`crate::summary::content_hash`]; `summaries` holds
+/// texts at layer 1, the members' summaries above), hashed with [`crate::request::summary_key`]; `summaries` holds
 /// `((space, content hash), summary)`, the logged responses. A cluster is requested only once every member has a
 /// text, so layer L+1 waits for layer L; an unchanged cluster is never requested again, whatever else changes. A
 /// cluster of one member above layer 1 is never requested: its text is its member's.
@@ -281,7 +281,7 @@ where
                 }
                 if members.len() == ids {
                     let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
-                    out.push(((crate::summary::content_hash(&refs), members), 1));
+                    out.push(((crate::request::summary_key(&refs), members), 1));
                 }
             })
             .map(|((s, c), (h, ms))| ((s, h), (c, ms)));

@@ -34,7 +34,7 @@ mod slots;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::fnv1a;
+use crate::hash::content_hex96;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -93,15 +93,14 @@ pub type Replica = (String, String);
 /// stay as they were, and label propagation there sees a changed edge weight at most — where an id hashed from the
 /// members would replace the node above at every change, and renaming a replica renames the labels that carry it
 /// (measured at 30k chunks: a batch of 100 changed the labels of nearly every replica of layer 4). Summaries stay
-/// keyed by content ([`crate::summary::content_hash`]), so a changed cluster is still summarised again.
+/// keyed by content ([`crate::request::summary_key`]), so a changed cluster is still summarised again.
 pub fn cluster_id(layer: u32, anchor: &Replica) -> String {
     let mut key = layer.to_le_bytes().to_vec();
     for m in [&anchor.0, &anchor.1] {
         key.extend_from_slice(m.as_bytes());
         key.push(0x1f);
     }
-    let rev: Vec<u8> = key.iter().rev().copied().collect();
-    format!("L{layer}:{:016x}{:08x}", fnv1a(&key), fnv1a(&rev) as u32)
+    format!("L{layer}:{}", content_hex96(&key))
 }
 
 /// The parts of one label's cluster with their anchors: `replicas` are the replicas carrying the label, sorted; the

@@ -2,11 +2,11 @@
 
 use serde_json::json;
 
-use operators::summary::Explore;
+use operators::llm::Explore;
 use operators::{Embedder, Node};
 
 use super::relevance::{Relevance, CONTEXT, SEGMENT};
-use super::{clip, topic_seeds, Evidence, Guide, PROMPT_WORDS};
+use super::{clip, Evidence, Guide, PROMPT_WORDS};
 use crate::views::SpaceView;
 
 /// The planner without a model: the question, and its clauses when it joins two questions ("… and …", "…? …"),
@@ -41,6 +41,7 @@ pub fn compass(
     query: &str,
     k: usize,
     budget_words: usize,
+    topic_seeds: usize,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
     use std::collections::{BTreeMap, HashMap};
     let mut trace = Vec::new();
@@ -114,12 +115,12 @@ pub fn compass(
             }
             cands.iter().map(|(_, s)| if *s >= 0.5 * best { Explore::Expand } else { Explore::Skip }).collect()
         };
-        // Seeds: the top-k events, and the other members of the first `TOPIC_SEEDS` distinct topics among them.
+        // Seeds: the top-k events, and the other members of the first `topic_seeds` distinct topics among them.
         let mut seeds: Vec<(&str, f32)> = ranked.iter().take(k).map(|r| (r.1, r.0)).collect();
         let mut topics: Vec<&str> = Vec::new();
         for (id, _) in &seeds {
             if let Some(t) = view.topic_of.get(*id) {
-                if !topics.contains(&t.as_str()) && topics.len() < topic_seeds() {
+                if !topics.contains(&t.as_str()) && topics.len() < topic_seeds {
                     topics.push(t);
                 }
             }

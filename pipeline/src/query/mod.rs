@@ -18,7 +18,7 @@ use serde_json::json;
 use operators::{Node, NodeKind};
 
 use crate::views::SpaceView;
-use operators::summary::Explore;
+use operators::llm::Explore;
 
 /// The model's part in retrieval: Prune-and-Grow's selection, CompassMem's Planner and Explorers. Each method
 /// returns `Ok(None)` without a model, and the similarity rule applies; an error is traced and the rule applies.
@@ -41,13 +41,6 @@ impl Guide for NoModel {
     fn explore(&self, _: &str, _: &str, _: &[&str]) -> Result<Option<Vec<Explore>>, String> {
         Ok(None)
     }
-}
-
-/// How many distinct topics among the top events seed `compass` with their other members (CompassMem: the first p
-/// topics). `ENGRAM_COMPASS_TOPICS` overrides it, for evaluation.
-fn topic_seeds() -> usize {
-    static SEEDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *SEEDS.get_or_init(|| std::env::var("ENGRAM_COMPASS_TOPICS").ok().and_then(|v| v.parse().ok()).unwrap_or(2))
 }
 
 /// The most candidates shown to the model in one selection, and the most words of each.

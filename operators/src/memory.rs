@@ -1,0 +1,123 @@
+//! The whole memory as one dataflow, wired once: the engine and every bench build it with [`memory`], so a bench
+//! measures the engine's memory and not a copy of it.
+//!
+//! ```text
+//! nodes ─► embed ─► similarity edges ─► hierarchy (ego networks, replicas, label propagation, layers)
+//!   │                                        └─► summaries ◄─ logged replies
+//!   └─► events per session ◄─ logged replies ─► relations
+//!          └─► event vectors ─► similar pairs ─► merges (with the co-reference judge below the threshold)
+//!                                    └─► topics
+//! ```
+//!
+//! Every model request (cluster summaries, session segmentations, co-reference judgements) comes out as one
+//! collection of [`ModelRequest`]s keyed by content; the replies come back in as `logged`.
+
+use std::sync::Arc;
+
+use differential_dataflow::lattice::Lattice;
+use differential_dataflow::VecCollection;
+use timely::order::TotalOrder;
+use timely::progress::Timestamp;
+
+use crate::dataflow::{embed_nodes, similarity_edges};
+use crate::embed::Embedder;
+use crate::events::{self, EventRow, RelationRow, SegmentParams};
+use crate::hierarchy::dataflow::{hierarchy, summaries};
+use crate::hierarchy::HierarchyParams;
+use crate::model::{Edge, Embedding, Node, NodeKind};
+use crate::request::ModelRequest;
+use crate::similarity::SimilarityParams;
+
+/// The parameters of the whole memory.
+#[derive(Clone, Debug)]
+pub struct MemoryParams {
+    pub similarity: SimilarityParams,
+    pub hierarchy: HierarchyParams,
+    pub segment: SegmentParams,
+    /// Whether a model answers the requests: with one, sessions are asked of it (until it answers, and without
+    /// one, the extractive events are the answer).
+    pub with_model: bool,
+    /// Events whose vectors reach this cosine are merged.
+    pub merge_threshold: f32,
+    /// With a model, the pairs from this cosine up to the merge threshold go to the co-reference judge; `None`: no
+    /// judge.
+    pub judge_threshold: Option<f32>,
+}
+
+/// The memory's output collections, per space.
+pub struct Memory<'s, T: Timestamp> {
+    /// `(space, node, embedding)`: layer 0.
+    pub nodes: VecCollection<'s, T, (String, Node, Embedding)>,
+    /// Layer 0's similarity edges.
+    pub edges: VecCollection<'s, T, Edge>,
+    /// `(space, layer, cluster, member)` for every layer ≥ 1.
+    pub clusters: VecCollection<'s, T, (String, u32, String, String)>,
+    /// `(space, layer, u, v, weight)`: the graph of every layer ≥ 1.
+    pub layer_edges: VecCollection<'s, T, (String, u32, String, String, u64)>,
+    /// `((space, cluster), (layer, text))`: the summary every summarised cluster shows.
+    pub summaries: VecCollection<'s, T, ((String, String), (u32, String))>,
+    /// `(space, content key, request)`: what waits for the model.
+    pub requests: VecCollection<'s, T, (String, String, ModelRequest)>,
+    pub events: VecCollection<'s, T, (String, EventRow)>,
+    /// The relations of each session's events, and the `overlap` relations of the co-reference judge.
+    pub relations: VecCollection<'s, T, (String, RelationRow)>,
+    /// `(space, event, group)`: the merge group of every event.
+    pub merges: VecCollection<'s, T, (String, String, String)>,
+    /// `(space, topic, event)`.
+    pub topics: VecCollection<'s, T, (String, String, String)>,
+}
+
+/// Builds the memory over `nodes` (layer 0, per space) and `logged` (the model's replies, `((space, content key),
+/// reply)`).
+pub fn memory<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node)>,
+    logged: VecCollection<'s, T, ((String, String), String)>,
+    embedder: Arc<dyn Embedder>,
+    params: &MemoryParams,
+) -> Memory<'s, T>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
+    let embedded = embed_nodes(nodes.clone(), embedder.clone());
+    let edges = similarity_edges(embedded.clone(), params.similarity.clone());
+    let h = hierarchy(
+        nodes.clone().map(|(s, n)| (s, n.id)),
+        edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
+        &params.hierarchy,
+    );
+    let sm = summaries(nodes.clone().map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged.clone());
+    let em = events::event_memory(nodes, logged.clone(), params.segment.clone(), params.with_model);
+    // Each event embedded as a pseudo-node (so batch-dependent embedders retract exactly) and quantised.
+    let event_nodes = em.events.clone().map(|(s, e)| {
+        let text = format!("{} | {}", e.summary, e.people.join(", "));
+        let node = Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
+        (s, node)
+    });
+    let event_vectors = embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.id, events::quantise(&v.0)));
+    // Links at the merge threshold; with the judge on (and a model), the pairs just below it go to the model.
+    let micro = |x: f32| (f64::from(x) * 1e6).round() as i64;
+    let tau = params.merge_threshold;
+    let tau_micro = micro(tau);
+    let lo = params.judge_threshold.filter(|_| params.with_model).unwrap_or(tau);
+    let pairs = events::similar_pairs(event_vectors.clone(), lo);
+    let links = pairs.clone().filter(move |p| p.3 >= tau_micro).map(|(s, a, b, _)| (s, a, b));
+    let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
+    let coref = events::coreference(candidates, em.events.clone(), logged);
+    let merges = events::merge_groups(event_vectors.clone(), links.concat(coref.same));
+    let topics = events::event_topics(event_vectors);
+    let cluster_requests = sm.requests.map(|(s, layer, cluster, key, members)| {
+        (s, key, ModelRequest::Summary { layer, cluster, members })
+    });
+    Memory {
+        nodes: embedded,
+        edges,
+        clusters: h.clusters,
+        layer_edges: h.edges,
+        summaries: sm.texts,
+        requests: cluster_requests.concat(em.requests).concat(coref.requests),
+        events: em.events,
+        relations: em.relations.concat(coref.overlaps),
+        merges,
+        topics,
+    }
+}

@@ -1,0 +1,84 @@
+//! Busy time per operator from timely's log (`engram bench hierarchy --profile`).
+
+use std::time::Duration;
+
+/// Busy time per operator from timely's log: `(id → (name, address)`, `id → total time)`.
+pub(super) struct OperatorProfile {
+    state: std::rc::Rc<std::cell::RefCell<ProfileState>>,
+}
+
+#[derive(Default)]
+struct ProfileState {
+    names: std::collections::HashMap<usize, String>,
+    started: std::collections::HashMap<usize, Duration>,
+    busy: std::collections::HashMap<usize, Duration>,
+}
+
+pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorProfile {
+    use timely::logging::{StartStop, TimelyEvent, TimelyEventBuilder};
+    let state = std::rc::Rc::new(std::cell::RefCell::new(ProfileState::default()));
+    let st = state.clone();
+    worker.log_register().expect("log register").insert::<TimelyEventBuilder, _>("timely", move |_time, data| {
+        let Some(data) = data else { return };
+        let mut st = st.borrow_mut();
+        for (t, e) in data.iter() {
+            match e {
+                TimelyEvent::Operates(o) => {
+                    st.names.insert(o.id, format!("{}{:?}", o.name, o.addr));
+                }
+                TimelyEvent::Schedule(s) => match s.start_stop {
+                    StartStop::Start => {
+                        st.started.insert(s.id, *t);
+                    }
+                    StartStop::Stop => {
+                        if let Some(t0) = st.started.remove(&s.id) {
+                            *st.busy.entry(s.id).or_default() += t.saturating_sub(t0);
+                        }
+                    }
+                },
+                _ => {}
+            }
+        }
+    });
+    OperatorProfile { state }
+}
+
+impl OperatorProfile {
+    /// Prints the 25 busiest operators since the last report, and resets.
+    pub(super) fn report(&self, worker: usize) {
+        let mut st = self.state.borrow_mut();
+        let mut busy: Vec<(usize, Duration)> = st.busy.drain().collect();
+        busy.sort_by(|a, b| b.1.cmp(&a.1));
+        let total: f64 = busy.iter().map(|b| b.1.as_secs_f64()).sum();
+        eprintln!("profile (worker {worker}): {total:.3}s in operators");
+        for (id, d) in busy.iter().take(15) {
+            eprintln!("  {:>8.3}s  {:>4}  {}", d.as_secs_f64(), id, st.names.get(id).map_or("?", String::as_str));
+        }
+        {
+            // Busy time per stretch of operators between two EgoNetworks (one hierarchy layer each).
+            let mut ids: Vec<usize> = st.names.keys().copied().collect();
+            ids.sort();
+            let mut seg = 0;
+            let mut segs: Vec<f64> = vec![0.0];
+            let busy_map: std::collections::HashMap<usize, Duration> = busy.iter().copied().collect();
+            for id in ids {
+                if id == 0 { continue; }
+                if st.names[&id].starts_with("EgoNetworks") { seg += 1; segs.push(0.0); }
+                segs[seg] += busy_map.get(&id).map_or(0.0, Duration::as_secs_f64);
+            }
+            eprintln!("  by layer stretch: {:?}", segs.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+        }
+        let mut by_name: std::collections::HashMap<&str, (Duration, usize)> = Default::default();
+        for (id, d) in &busy {
+            let name = st.names.get(id).map_or("?", |n| n.split('[').next().unwrap_or("?"));
+            let e = by_name.entry(name).or_default();
+            e.0 += *d;
+            e.1 += 1;
+        }
+        let mut by_name: Vec<_> = by_name.into_iter().collect();
+        by_name.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        for (name, (d, n)) in by_name.iter().take(15) {
+            eprintln!("  {:>8.3}s  {n:>5} × {name}", d.as_secs_f64());
+        }
+    }
+}

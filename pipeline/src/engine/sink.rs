@@ -1,0 +1,182 @@
+//! The dataflow of one worker: its inputs, the memory wired over them, and the views sink that applies the memory's
+//! output to the views the HTTP server reads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use differential_dataflow::input::{Input, InputSession};
+use differential_dataflow::VecCollection;
+use operators::events::SegmentParams;
+use operators::memory::{memory, MemoryParams};
+use operators::model::ErrorRow;
+use operators::Node;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::Inspect;
+use timely::worker::Worker;
+
+use super::state::Shared;
+use crate::config::Config;
+use crate::views::ViewUpdate;
+
+type NodeInput = InputSession<u64, (String, Node), isize>;
+type ErrorInput = InputSession<u64, ErrorRow, isize>;
+type SummaryInput = InputSession<u64, ((String, String), String), isize>;
+type PositionInput = InputSession<u64, (String, u64), isize>;
+
+/// The dataflow's inputs, fed by the worker's driver.
+pub(super) struct Inputs {
+    pub(super) nodes: NodeInput,
+    pub(super) errors: ErrorInput,
+    pub(super) summaries: SummaryInput,
+    pub(super) positions: PositionInput,
+    /// The cluster's clock: every driver sends the epoch it opens; all of them see it.
+    pub(super) clock: timely::dataflow::operators::vec::input::Handle<u64, u64>,
+    /// What the views have applied, seen from any worker.
+    pub(super) views: timely::dataflow::operators::probe::Handle<u64>,
+}
+
+impl Inputs {
+    pub(super) fn advance_to(&mut self, t: u64) {
+        self.nodes.advance_to(t);
+        self.errors.advance_to(t);
+        self.summaries.advance_to(t);
+        self.positions.advance_to(t);
+        if *self.clock.time() < t {
+            self.clock.advance_to(t);
+        }
+    }
+    pub(super) fn flush(&mut self) {
+        self.nodes.flush();
+        self.errors.flush();
+        self.summaries.flush();
+        self.positions.flush();
+        self.clock.flush();
+    }
+}
+
+/// Builds the dataflow on one worker: the memory ([`operators::memory::memory`]) over the nodes and logged replies,
+/// and everything it outputs → the views (on worker 0).
+pub(super) fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
+    let params = memory_params(&shared.config);
+    let index = worker.index();
+    worker.dataflow::<u64, _, _>(|scope| {
+        let (node_input, nodes) = scope.new_collection::<(String, Node), isize>();
+        let (error_input, errors) = scope.new_collection::<ErrorRow, isize>();
+        let (summary_input, logged) = scope.new_collection::<((String, String), String), isize>();
+        let (position_input, positions) = scope.new_collection::<(String, u64), isize>();
+        let (clock_input, clock) = timely::dataflow::operators::vec::Input::new_input::<u64>(&scope);
+        let seen = shared.clone();
+        timely::dataflow::operators::vec::Broadcast::broadcast(clock).inspect(move |e| seen.see_clock(*e));
+        let m = memory(nodes, logged, shared.embedder.clone(), &params);
+        let updates = m
+            .nodes
+            .map(|(s, n, e)| ViewUpdate::Node(s, n, e))
+            .concat(m.edges.map(ViewUpdate::Edge))
+            .concat(errors.map(ViewUpdate::Error))
+            .concat(m.clusters.map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m)))
+            .concat(m.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
+            .concat(m.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
+            .concat(m.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, r)))
+            .concat(m.events.map(|(s, e)| ViewUpdate::Event(s, e)))
+            .concat(m.relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
+            .concat(m.merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
+            .concat(m.topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)))
+            .concat(positions.map(|(s, o)| ViewUpdate::Position(s, o)));
+        let views = views_sink(updates, index, shared);
+        Inputs {
+            nodes: node_input,
+            errors: error_input,
+            summaries: summary_input,
+            positions: position_input,
+            clock: clock_input,
+            views,
+        }
+    })
+}
+
+/// The memory's parameters from the config.
+pub fn memory_params(config: &Config) -> MemoryParams {
+    let ev = &config.events;
+    MemoryParams {
+        similarity: config.similarity.clone(),
+        hierarchy: config.hierarchy.params(),
+        segment: SegmentParams { summary_words: config.hierarchy.summary_words, ..Default::default() },
+        with_model: config.llm.has_model(),
+        merge_threshold: ev.merge_threshold,
+        judge_threshold: ev.judge.then_some(ev.judge_threshold),
+    }
+}
+
+/// The views sink: applies each epoch's updates to the views (on worker 0) once the frontier has passed it, and
+/// holds a capability for every epoch not yet applied, so the returned probe sees an epoch only once the views
+/// hold it.
+fn views_sink<'s>(
+    updates: VecCollection<'s, u64, ViewUpdate>,
+    index: usize,
+    shared: Arc<Shared>,
+) -> timely::dataflow::operators::probe::Handle<u64> {
+    let embedder = shared.embedder.clone();
+        let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
+        // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
+        let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
+        let mut last_as_of: Option<u64> = None;
+        type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
+        let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
+            Exchange::new(|_: &(ViewUpdate, u64, isize)| 0),
+            "Views",
+            move |initial, _info| {
+                drop(initial);
+                move |(input, frontier), _output| {
+            input.for_each(|cap, data| {
+                if let Some(c) = cap.retain_least(0) {
+                    held.entry(*c.time()).or_insert(c);
+                }
+                for (u, t, d) in data.drain(..) {
+                    pending.entry(t).or_default().push((u, d));
+                }
+            });
+            if index != 0 {
+                return;
+            }
+            let lower = frontier.frontier().iter().min().copied();
+            let as_of = match lower {
+                Some(f) => f.checked_sub(1),
+                None => pending.keys().next_back().copied().max(last_as_of),
+            };
+            let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
+            if ready.is_empty() && as_of == last_as_of {
+                held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+                return;
+            }
+            {
+                let mut views = shared.views.write().expect("views lock");
+                for t in ready {
+                    let mut updates = pending.remove(&t).expect("ready time");
+                    if shared.outputs.wants_changes() {
+                        differential_dataflow::consolidation::consolidate(&mut updates);
+                        shared.outputs.changes(t, &updates);
+                    }
+                    views.apply_with(updates, &|text| embedder.embed(text));
+                }
+                views.as_of = as_of.max(views.as_of);
+                shared.metrics.nodes.set(views.node_count() as i64);
+                shared.metrics.edges.set(views.edge_count() as i64);
+                shared.metrics.spaces.set(views.spaces.len() as i64);
+                shared.metrics.clusters.set(views.cluster_count() as i64);
+                shared.metrics.summary_backlog.set(views.request_count() as i64);
+            }
+            last_as_of = as_of.max(last_as_of);
+            if let Some(a) = last_as_of {
+                shared.advanced(a);
+                shared.as_of.send_replace(Some(a));
+            }
+            // Everything below the frontier is applied.
+            held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+                }
+            },
+        );
+        let (views, _) = timely::dataflow::operators::probe::Probe::probe(applied);
+        views
+}
+

@@ -1,0 +1,223 @@
+//! The engine's state, shared by the timely workers, the sources, the summariser and the HTTP server, and how it is
+//! opened: the data directory's logs replayed into the ingest queue.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use connectors::{DeadLetter, InputLog, LoggedResponse, ResponseLog};
+use operators::extractive::Extractive;
+use operators::llm::Llm;
+use operators::model::ErrorRow;
+use operators::request::RequestKind;
+use operators::summary::SummaryCache;
+use operators::{Embedder, Limits, Record};
+use tokio::sync::watch;
+
+use super::models::{kafka_metrics, make_embedder, make_llm};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::views::Views;
+
+/// Longest raw input kept in an error row (the dead-letter file keeps all of it).
+pub(super) const ERROR_RAW_CHARS: usize = 2048;
+
+/// What the drivers feed into the dataflow.
+pub(super) enum Item {
+    Record(Record),
+    Reject(ErrorRow),
+    /// A logged summary: `(space, content hash, text)`.
+    Summary(String, String, String),
+    /// The highest offset read of a source, after the records it covers.
+    Position(String, u64),
+}
+
+/// Where this process sits in the cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Place {
+    pub process: usize,
+    pub processes: usize,
+}
+
+impl Place {
+    pub const SINGLE: Place = Place { process: 0, processes: 1 };
+
+    /// Process 0 serves HTTP, reads files and runs the summariser.
+    pub fn leads(&self) -> bool {
+        self.process == 0
+    }
+}
+
+/// The ingest queue: what the next epoch will hold.
+pub(super) struct Queue {
+    /// The epoch that queued records will be fed at.
+    pub(super) open_epoch: u64,
+    pub(super) items: Vec<Item>,
+    /// When the first item of the open epoch arrived.
+    pub(super) opened: Option<Instant>,
+    /// Sources still reading.
+    pub(super) live_sources: usize,
+}
+
+/// The engine's state. Read from anywhere; changed only through its methods (the engine's own modules).
+pub struct Shared {
+    pub config: Config,
+    pub limits: Limits,
+    pub embedder: Arc<dyn Embedder>,
+    pub(super) queue: Mutex<Queue>,
+    /// What the dataflow has produced, as of `as_of`; written by the views sink alone.
+    pub views: RwLock<Views>,
+    pub as_of: watch::Sender<Option<u64>>,
+    pub metrics: Metrics,
+    shutdown: AtomicBool,
+    pub(super) input_log: Mutex<InputLog>,
+    pub(super) response_log: Mutex<ResponseLog>,
+    dead_letter: Mutex<DeadLetter>,
+    pub(super) llm: Arc<dyn Llm>,
+    /// Per source (`file:PATH`), the last offset the input log holds: where the source resumes after a restart.
+    pub resume: HashMap<String, u64>,
+    /// Closed epochs not yet reflected in the views, with the instant each closed (for the lag metric).
+    pub(super) closed: Mutex<VecDeque<(u64, Instant)>>,
+    /// This process's place in the cluster.
+    pub place: Place,
+    /// The latest epoch any driver has opened (the cluster's clock), or `CLOCK_STOP`.
+    pub(super) clock: AtomicU64,
+    /// The Kafka output topics (no-ops when none is configured).
+    pub(super) outputs: crate::outputs::Outputs,
+    /// Logged query-time replies of the configured model (answers, selections, plans, explorer choices):
+    /// (space, `q:` key) → reply.
+    pub(super) answers: Mutex<HashMap<(String, String), String>>,
+    /// Cluster summaries made so far (seeded from the response log): what a grown cluster can reuse.
+    pub(super) summary_cache: Mutex<SummaryCache>,
+}
+
+impl Shared {
+    /// Opens the data directory: the input log (replayed into the queue, at one epoch past every receipt it handed
+    /// out) and the dead-letter file. Process `p > 0` of a cluster keeps its files in `DATA_DIR/process-p`, so that
+    /// processes sharing a disk stay apart.
+    pub fn open(config: Config, place: Place) -> anyhow::Result<Arc<Shared>> {
+        let dir = if place.leads() { config.data_dir.clone() } else { config.data_dir.join(format!("process-{}", place.process)) };
+        std::fs::create_dir_all(&dir)?;
+        let log_path = dir.join("input.log");
+        let replay = InputLog::replay(&log_path)?;
+        if replay.torn_lines > 0 {
+            tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
+        }
+        let input_log = InputLog::open(&log_path)?;
+        let metrics = Metrics::new();
+        // Only process 0 asks the model; the others never call it.
+        let llm: Arc<dyn Llm> =
+            if place.leads() { make_llm(&config, &metrics)? } else { Arc::new(Extractive { max_words: config.hierarchy.summary_words }) };
+        let embedder = make_embedder(&config, &metrics, &dir)?;
+        // Logged responses of the configured model are inputs like records: no call is made for them again.
+        let responses_path = dir.join("responses.log");
+        let mut responses = ResponseLog::replay(&responses_path)?;
+        // The response log topic, when configured, holds what an earlier pod logged.
+        let from_topic = if place.leads() { crate::outputs::Outputs::read_responses(&config.kafka)? } else { Vec::new() };
+        if !from_topic.is_empty() {
+            let known: HashSet<(String, String, String)> =
+                responses.records.iter().map(|r| (r.model.clone(), r.space.clone(), r.key.clone())).collect();
+            let new: Vec<LoggedResponse> =
+                from_topic.into_iter().filter(|r| !known.contains(&(r.model.clone(), r.space.clone(), r.key.clone()))).collect();
+            tracing::info!(responses = new.len(), "read LLM responses from the response log topic");
+            responses.records.extend(new);
+        }
+        let response_log = ResponseLog::open(&responses_path)?;
+        let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
+        let limits = config.limits();
+        let (as_of, _) = watch::channel(None);
+        let mut items = Vec::new();
+        let mut max_epoch = None;
+        let mut resume: HashMap<String, u64> = HashMap::new();
+        for r in &replay.records {
+            max_epoch = max_epoch.max(Some(r.epoch));
+            if let (Some(src), Some(off)) = (&r.source, r.offset) {
+                let e = resume.entry(src.clone()).or_default();
+                *e = (*e).max(off);
+            }
+            if r.record.is_null() {
+                continue;
+            }
+            match operators::record::from_value(r.record.clone(), Some(&r.space), &limits) {
+                Ok(rec) => items.push(Item::Record(rec)),
+                // Logged records were valid when logged; a config change (smaller limits) can reject them now.
+                Err(e) => items.push(Item::Reject(ErrorRow {
+                    source: "replay".into(),
+                    reason: e.to_string(),
+                    raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
+                })),
+            }
+        }
+        if !items.is_empty() {
+            metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
+            tracing::info!(records = items.len(), "replaying the input log");
+        }
+        items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
+        let mut answers = HashMap::new();
+        let mut summary_cache = SummaryCache::new(config.hierarchy.summary_coverage);
+        for r in responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model()) {
+            if let Some(c) = &r.covers {
+                summary_cache.record(&r.space, c, &r.response);
+            }
+            if RequestKind::of_key(&r.key) == RequestKind::Query {
+                answers.insert((r.space, r.key), r.response);
+            } else {
+                items.push(Item::Summary(r.space, r.key, r.response));
+            }
+        }
+        let open_epoch = max_epoch.unwrap_or(0);
+        let opened = (!items.is_empty()).then(Instant::now);
+        let outputs = crate::outputs::Outputs::open(&config.kafka, kafka_metrics(&metrics))?;
+        Ok(Arc::new(Shared {
+            embedder,
+            limits,
+            queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0 }),
+            resume,
+            views: RwLock::new(Views::default()),
+            as_of,
+            metrics,
+            shutdown: AtomicBool::new(false),
+            input_log: Mutex::new(input_log),
+            response_log: Mutex::new(response_log),
+            dead_letter: Mutex::new(dead_letter),
+            llm,
+            closed: Mutex::new(VecDeque::new()),
+            place,
+            clock: AtomicU64::new(0),
+            answers: Mutex::new(answers),
+            summary_cache: Mutex::new(summary_cache),
+            outputs,
+            config,
+        }))
+    }
+
+    /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.
+    pub fn reject(&self, kind: &str, source: &str, reason: &str, raw: &[u8]) -> ErrorRow {
+        if let Err(e) = self.dead_letter.lock().expect("dead letter lock").write(source, reason, raw) {
+            tracing::error!(error = %e, source, reason, "could not write the dead-letter file");
+        }
+        self.outputs.dead_letter(source, reason, raw);
+        self.metrics.records_rejected.with_label_values(&[kind]).inc();
+        ErrorRow {
+            source: source.to_string(),
+            reason: reason.to_string(),
+            raw: String::from_utf8_lossy(raw).chars().take(ERROR_RAW_CHARS).collect(),
+        }
+    }
+
+
+    /// Asks every thread of the engine to finish: sources stop reading, the drivers feed what is queued and close.
+    pub fn stop(&self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    /// Whether a model (not the extractive backend) answers the memory's requests and the query-time stages.
+    pub fn has_model(&self) -> bool {
+        self.config.llm.has_model()
+    }
+}

@@ -1,0 +1,118 @@
+//! The summariser: serves the requests the views list as waiting for the model (cluster summaries, session
+//! segmentations, co-reference judgements). When one is due is [`Scheduler`]'s rule (a debounce per content key, and
+//! a latency bound for live sessions); a grown cluster may reuse an earlier summary ([`SummaryCache::plan`]). The
+//! rest go to the model on up to `llm.max-in-flight` threads. Each reply is appended to the response log (fsync'd)
+//! and queued as an input for the next epoch. A failed request is retried after another debounce; nothing is
+//! dropped.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use connectors::LoggedResponse;
+use operators::llm::LlmError;
+use operators::request::{ModelRequest, RequestKind};
+use operators::summary::{Coverage, Plan, Scheduler, Waiting};
+
+use super::state::Shared;
+
+/// A request sent to a model thread: `((space, key), request, coverage to record)`.
+type Job = ((String, String), ModelRequest, Option<Coverage>);
+/// Its reply, with the time it took.
+type Done = ((String, String), RequestKind, Result<String, LlmError>, Duration, Option<Coverage>);
+
+/// Starts the model threads and the summariser's loop; the loop ends at shutdown.
+pub(super) fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
+    let (job_tx, job_rx) = mpsc::channel::<Job>();
+    let (done_tx, done_rx) = mpsc::channel::<Done>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    for i in 0..shared.config.llm.max_in_flight.max(1) {
+        spawn_model_thread(i, shared.clone(), job_rx.clone(), done_tx.clone());
+    }
+    std::thread::Builder::new()
+        .name("engram-summarizer".into())
+        .spawn(move || summarize(&shared, &job_tx, &done_rx))
+        .expect("spawn summarizer")
+}
+
+fn spawn_model_thread(i: usize, shared: Arc<Shared>, jobs: Arc<Mutex<Receiver<Job>>>, done: Sender<Done>) {
+    std::thread::Builder::new()
+        .name(format!("engram-llm-{i}"))
+        .spawn(move || loop {
+            let job = jobs.lock().expect("job lock").recv();
+            let Ok((key, request, covers)) = job else { return };
+            let t = Instant::now();
+            let out = request.ask(shared.llm.as_ref(), &key.1);
+            if done.send((key, request.kind(), out, t.elapsed(), covers)).is_err() {
+                return;
+            }
+        })
+        .expect("spawn LLM worker");
+}
+
+/// The summariser's loop: every 20 ms, what is waiting in the views, what is due, what came back.
+fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
+    let config = &shared.config;
+    let mut scheduler = Scheduler::new(config.hierarchy.summary_debounce, config.events.max_latency);
+    let origin = Instant::now();
+    let model = shared.llm.model().to_string();
+    let logged = |space: String, key: String, response: String, covers: Option<Coverage>| LoggedResponse {
+        model: model.clone(),
+        space,
+        key,
+        response,
+        covers,
+    };
+    while !shared.stopping() {
+        let waiting: Vec<Waiting> = {
+            let views = shared.views.read().expect("views lock");
+            let spaces = views.spaces.iter();
+            spaces.flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone()))).collect()
+        };
+        let now = origin.elapsed();
+        let mut done = Vec::new();
+        for ((space, key), request) in scheduler.due(&waiting, now) {
+            let plan = shared.summary_cache.lock().expect("summary cache lock").plan(space, key, request);
+            match plan {
+                Plan::Reuse { text, coverage } => {
+                    shared.metrics.summaries_reused.inc();
+                    done.push(logged(space.clone(), key.clone(), text, Some(coverage)));
+                }
+                Plan::Ask(coverage) => {
+                    let _ = jobs.send(((space.clone(), key.clone()), request.clone(), coverage));
+                }
+            }
+        }
+        while let Ok((key, kind, out, took, covers)) = done_rx.try_recv() {
+            match out {
+                Ok(reply) => {
+                    if !shared.has_model() && kind == RequestKind::Summary {
+                        shared.metrics.llm.requests.with_label_values(&["summary", "ok"]).inc();
+                        shared.metrics.llm.duration.with_label_values(&["summary"]).observe(took.as_secs_f64());
+                    }
+                    if let Some(c) = &covers {
+                        shared.summary_cache.lock().expect("summary cache lock").record(&key.0, c, &reply);
+                    }
+                    done.push(logged(key.0, key.1, reply, covers));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "summary failed; retried after the debounce");
+                    scheduler.retry(&key, origin.elapsed());
+                }
+            }
+        }
+        if !done.is_empty() {
+            if let Err(e) = shared.response_log.lock().expect("response log lock").append(&done) {
+                // Not logged means not used: the same requests come round again.
+                tracing::error!(error = %e, "could not append to the response log");
+                for r in &done {
+                    scheduler.resend(&(r.space.clone(), r.key.clone()));
+                }
+            } else {
+                shared.outputs.responses(&done);
+                shared.queue_replies(done.into_iter().map(|r| (r.space, r.key, r.response)));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

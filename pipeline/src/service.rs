@@ -1,0 +1,102 @@
+//! Queries, as a service every door calls (HTTP, `run --ask`, `eval`): validates a request, retrieves from the
+//! current views in the requested mode, and has the model answer when one is configured. Errors are typed; each
+//! door maps them to its own form (HTTP: a status and `{"error":{"code","message"}}`).
+
+use std::time::Instant;
+
+use crate::engine::{ModelGuide, Shared};
+use crate::query::{self, Guide, Mode, QueryRequest, QueryResponse};
+use crate::views::SpaceView;
+
+/// Why a query was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The caller's request is invalid; retrying it unchanged cannot help.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The space has no records.
+    #[error("no space `{0}`")]
+    UnknownSpace(String),
+}
+
+impl QueryError {
+    /// A stable code for the error (HTTP's `error.code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            QueryError::BadRequest(_) => "bad_request",
+            QueryError::UnknownSpace(_) => "unknown_space",
+        }
+    }
+}
+
+/// Checks a request's values against the limits, with the config's defaults for what it leaves out.
+pub fn validate(s: &Shared, req: &QueryRequest) -> Result<(), QueryError> {
+    if req.query.trim().is_empty() {
+        return Err(QueryError::BadRequest("`query` must not be empty".into()));
+    }
+    let k = req.k.unwrap_or(s.config.query.default_k);
+    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
+    if !(1..=1000).contains(&k) {
+        return Err(QueryError::BadRequest(format!("`k` = {k} must be in 1..=1000")));
+    }
+    if !(1..=100_000).contains(&budget) {
+        return Err(QueryError::BadRequest(format!("`budget_words` = {budget} must be in 1..=100000")));
+    }
+    Ok(())
+}
+
+/// Retrieves in `mode` over one space's view, steered by `guide`.
+fn retrieve(
+    s: &Shared,
+    view: &SpaceView,
+    guide: &dyn Guide,
+    req: &QueryRequest,
+    k: usize,
+    budget: usize,
+) -> (Vec<query::Evidence>, Vec<serde_json::Value>) {
+    let e = s.embedder.as_ref();
+    let q = req.query.as_str();
+    match req.mode {
+        Mode::PruneAndGrow => query::prune_and_grow(view, e, guide, q, k, budget),
+        Mode::Compass => query::compass(view, e, guide, q, k, budget, s.config.query.compass_topics),
+        Mode::Flat => query::flat(view, e, q, k, budget),
+    }
+}
+
+/// Answers a query from the current views (blocking: call it off the async runtime).
+pub fn execute(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryResponse, QueryError> {
+    validate(s, req)?;
+    let k = req.k.unwrap_or(s.config.query.default_k);
+    let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
+    let started = Instant::now();
+    let has_model = s.has_model();
+    let guided = req.mode != Mode::Flat && req.use_model.unwrap_or(has_model);
+    let unknown = || QueryError::UnknownSpace(space.to_string());
+    let (evidence, trace, as_of) = if guided {
+        // The model takes seconds: retrieve from a copy of the space, so the views (and the dataflow that writes
+        // them) are never held while it thinks.
+        let (view, as_of) = {
+            let views = s.views.read().expect("views lock");
+            (views.spaces.get(space).ok_or_else(unknown)?.clone(), views.as_of)
+        };
+        let (evidence, trace) = retrieve(s, &view, &ModelGuide { shared: s, space }, req, k, budget);
+        (evidence, trace, as_of)
+    } else {
+        let views = s.views.read().expect("views lock");
+        let view = views.spaces.get(space).ok_or_else(unknown)?;
+        let (evidence, trace) = retrieve(s, view, &query::NoModel, req, k, budget);
+        (evidence, trace, views.as_of)
+    };
+    s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());
+    // The Responder: a short answer from the evidence, with the views unlocked while the model thinks.
+    let wanted = req.answer.unwrap_or(has_model);
+    let (mut answer, mut answer_error) = (None, None);
+    if wanted && !evidence.is_empty() {
+        let texts: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();
+        match s.answer(space, &req.query, &texts) {
+            Ok(a) => answer = a,
+            Err(e) => answer_error = Some(e.to_string()),
+        }
+    }
+    Ok(QueryResponse { evidence, answer, answer_error, as_of, trace })
+}
