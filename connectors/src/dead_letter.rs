@@ -40,10 +40,8 @@ impl DeadLetter {
             Ok(s) => (std::borrow::Cow::Borrowed(s), true),
             Err(_) => (String::from_utf8_lossy(raw), false),
         };
-        let at_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
+        let at_unix_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
         let line = Line { source, reason, raw: &raw, raw_utf8, at_unix_ms };
         serde_json::to_writer(&mut self.out, &line)?;
         self.out.write_all(b"\n")?;

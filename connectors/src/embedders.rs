@@ -33,14 +33,20 @@ pub struct EmbedderMetrics {
 impl EmbedderMetrics {
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
         let m = EmbedderMetrics {
-            texts: IntCounterVec::new(Opts::new("engram_embedder_texts_total", "Texts embedded, by embedder kind"), &["kind"])?,
+            texts: IntCounterVec::new(
+                Opts::new("engram_embedder_texts_total", "Texts embedded, by embedder kind"),
+                &["kind"],
+            )?,
             batch_seconds: HistogramVec::new(
                 HistogramOpts::new("engram_embedder_batch_seconds", "Time to embed one batch, by embedder kind")
                     .buckets(prometheus::exponential_buckets(0.0001, 3.0, 14)?),
                 &["kind"],
             )?,
             cached: IntCounterVec::new(
-                Opts::new("engram_embedder_logged_hits_total", "Texts whose vector came from the embedding log, not a request"),
+                Opts::new(
+                    "engram_embedder_logged_hits_total",
+                    "Texts whose vector came from the embedding log, not a request",
+                ),
                 &["kind"],
             )?,
         };
@@ -142,7 +148,8 @@ mod local {
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| v["max_seq_length"].as_u64())
                 .unwrap_or(256) as usize;
-            let mut tokenizer = Tokenizer::from_bytes(read("tokenizer.json")?).map_err(|e| format!("tokenizer.json: {e}"))?;
+            let mut tokenizer =
+                Tokenizer::from_bytes(read("tokenizer.json")?).map_err(|e| format!("tokenizer.json: {e}"))?;
             let pad_id = tokenizer.get_padding().map(|p| p.pad_id).unwrap_or(0);
             tokenizer.with_padding(Some(PaddingParams {
                 strategy: PaddingStrategy::BatchLongest,
@@ -156,7 +163,8 @@ mod local {
             // SAFETY is not needed: the weights are read into memory, not mapped.
             let vb = VarBuilder::from_buffered_safetensors(read("model.safetensors")?, DType::F32, &Device::Cpu)
                 .map_err(|e| format!("{}: {e}", weights.display()))?;
-            let model = BertModel::load(vb, &config).map_err(|e| format!("loading BERT from {}: {e}", dir.display()))?;
+            let model =
+                BertModel::load(vb, &config).map_err(|e| format!("loading BERT from {}: {e}", dir.display()))?;
             Ok(LocalEmbedder { model, tokenizer, dim, batch: batch.max(1) })
         }
 

@@ -146,12 +146,22 @@ mod tests {
             from: None,
         };
         let mut log = ResponseLog::open(&p).unwrap();
-        let r = LoggedResponse { model: "m".into(), space: "s".into(), key: "k".into(), response: "S".into(), covers: Some(cov.clone()) };
+        let r = LoggedResponse {
+            model: "m".into(),
+            space: "s".into(),
+            key: "k".into(),
+            response: "S".into(),
+            covers: Some(cov.clone()),
+        };
         log.append(std::slice::from_ref(&r)).unwrap();
         drop(log);
         let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
-        f.write_all(b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k2\",\"response\":\"T\",\"covers\":\"garbage\"}\n").unwrap();
-        f.write_all(b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k3\",\"response\":\"U\",\"covers\":{\"layer\":\"one\"}}\n").unwrap();
+        f.write_all(b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k2\",\"response\":\"T\",\"covers\":\"garbage\"}\n")
+            .unwrap();
+        f.write_all(
+            b"{\"model\":\"m\",\"space\":\"s\",\"key\":\"k3\",\"response\":\"U\",\"covers\":{\"layer\":\"one\"}}\n",
+        )
+        .unwrap();
         let replay = ResponseLog::replay(&p).unwrap();
         assert_eq!(replay.torn_lines, 0);
         assert_eq!(replay.records.len(), 3);

@@ -37,16 +37,28 @@ impl KafkaMetrics {
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
         let m = KafkaMetrics {
             lag: IntGaugeVec::new(
-                Opts::new("engram_kafka_consumer_lag", "Messages in the topic not yet read, summed over its partitions"),
+                Opts::new(
+                    "engram_kafka_consumer_lag",
+                    "Messages in the topic not yet read, summed over its partitions",
+                ),
                 &["topic"],
             )?,
-            records: IntCounterVec::new(Opts::new("engram_kafka_records_in_total", "Messages read, by topic"), &["topic"])?,
+            records: IntCounterVec::new(
+                Opts::new("engram_kafka_records_in_total", "Messages read, by topic"),
+                &["topic"],
+            )?,
             commit_seconds: Histogram::with_opts(
-                HistogramOpts::new("engram_kafka_commit_seconds", "Time to commit the group's offsets once the views reflect them")
-                    .buckets(prometheus::exponential_buckets(0.0005, 3.0, 10)?),
+                HistogramOpts::new(
+                    "engram_kafka_commit_seconds",
+                    "Time to commit the group's offsets once the views reflect them",
+                )
+                .buckets(prometheus::exponential_buckets(0.0005, 3.0, 10)?),
             )?,
             produced: IntCounterVec::new(
-                Opts::new("engram_kafka_records_out_total", "Messages produced, by sink (changes, dead-letter, responses) and outcome"),
+                Opts::new(
+                    "engram_kafka_records_out_total",
+                    "Messages produced, by sink (changes, dead-letter, responses) and outcome",
+                ),
                 &["sink", "outcome"],
             )?,
         };
@@ -154,7 +166,8 @@ impl KafkaSource {
         for el in all.elements() {
             let (topic, p) = (el.topic().to_string(), el.partition());
             let logged = resume.get(&source_name(&topic, p)).map(|o| Offset::Offset(*o as i64 + 1));
-            let group = committed.find_partition(&topic, p).map(|e| e.offset()).filter(|o| matches!(o, Offset::Offset(_)));
+            let group =
+                committed.find_partition(&topic, p).map(|e| e.offset()).filter(|o| matches!(o, Offset::Offset(_)));
             let start = logged.or(group).unwrap_or(Offset::Beginning);
             if let Offset::Offset(o) = start {
                 next.insert((topic.clone(), p), o);
@@ -164,8 +177,21 @@ impl KafkaSource {
             assignment.add_partition_offset(&topic, p, start).map_err(|e| e.to_string())?;
         }
         consumer.assign(&assignment).map_err(|e| format!("assigning partitions: {e}"))?;
-        tracing::info!(?topics, group_id, partitions = assignment.count(), of = pairs.len(), process = share.index, "Kafka source assigned");
-        Ok(KafkaSource { consumer, topics: topics.to_vec(), next, metrics, last_lag: Instant::now() - Duration::from_secs(60) })
+        tracing::info!(
+            ?topics,
+            group_id,
+            partitions = assignment.count(),
+            of = pairs.len(),
+            process = share.index,
+            "Kafka source assigned"
+        );
+        Ok(KafkaSource {
+            consumer,
+            topics: topics.to_vec(),
+            next,
+            metrics,
+            last_lag: Instant::now() - Duration::from_secs(60),
+        })
     }
 
     fn update_lag(&mut self) {
@@ -210,8 +236,16 @@ impl Source for KafkaSource {
                     self.next.insert((topic.clone(), p), offset + 1);
                     out.push(SourceRecord {
                         payload: msg.payload().unwrap_or_default().to_vec(),
-                        space: msg.key().and_then(|k| std::str::from_utf8(k).ok()).filter(|k| !k.is_empty()).map(str::to_string),
-                        position: Position { source: source_name(&topic, p), partition: p as u32, offset: offset as u64 },
+                        space: msg
+                            .key()
+                            .and_then(|k| std::str::from_utf8(k).ok())
+                            .filter(|k| !k.is_empty())
+                            .map(str::to_string),
+                        position: Position {
+                            source: source_name(&topic, p),
+                            partition: p as u32,
+                            offset: offset as u64,
+                        },
                     });
                     wait = Duration::ZERO;
                 }
@@ -249,7 +283,9 @@ impl Source for KafkaSource {
                 }
             }
             // Not fatal: the input log is the memory's source of truth; the group offset only moves later.
-            Err(e) => tracing::warn!(error = %e, "committing Kafka offsets failed; they are committed with the next epoch"),
+            Err(e) => {
+                tracing::warn!(error = %e, "committing Kafka offsets failed; they are committed with the next epoch")
+            }
         }
     }
 }
@@ -317,7 +353,8 @@ pub fn read_topic(brokers: &str, topic: &str, timeout: Duration) -> Result<Vec<(
     let mut tpl = TopicPartitionList::new();
     let mut ends: HashMap<i32, i64> = HashMap::new();
     for p in partitions(&consumer, topic, timeout)? {
-        let (low, high) = consumer.fetch_watermarks(topic, p, timeout).map_err(|e| format!("watermarks of {topic}/{p}: {e}"))?;
+        let (low, high) =
+            consumer.fetch_watermarks(topic, p, timeout).map_err(|e| format!("watermarks of {topic}/{p}: {e}"))?;
         if high > low {
             ends.insert(p, high);
             tpl.add_partition_offset(topic, p, Offset::Offset(low)).map_err(|e| e.to_string())?;

@@ -42,7 +42,9 @@ async fn embeddings(State(srv): State<Arc<Server>>, Json(body): Json<Value>) -> 
     srv.seen.lock().unwrap().push(inputs.clone());
     let fault = srv.faults.lock().unwrap().pop_front();
     match fault {
-        Some(Fault::TooMany) => return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0.1")], "slow down").into_response(),
+        Some(Fault::TooMany) => {
+            return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "0.1")], "slow down").into_response()
+        }
         Some(Fault::ServerError) => return (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
         Some(Fault::Malformed) => return (StatusCode::OK, "{\"data\": [").into_response(),
         Some(Fault::BadRequest) => return (StatusCode::BAD_REQUEST, "{\"error\":\"no such model\"}").into_response(),
@@ -94,7 +96,12 @@ fn normalised(v: Vec<f32>) -> Vec<f32> {
 }
 
 /// Builds the embedder and embeds off the test's runtime (the embedder blocks).
-async fn embed(url: String, log: std::path::PathBuf, batch: usize, texts: Vec<String>) -> (Result<Vec<Vec<f32>>, String>, String) {
+async fn embed(
+    url: String,
+    log: std::path::PathBuf,
+    batch: usize,
+    texts: Vec<String>,
+) -> (Result<Vec<Vec<f32>>, String>, String) {
     tokio::task::spawn_blocking(move || {
         let registry = prometheus::Registry::new();
         let metrics = EmbedderMetrics::new(&registry).unwrap();
@@ -127,7 +134,10 @@ async fn batches_in_order_survive_faults_and_replay_from_the_log() {
     assert_eq!(out.len(), 11, "one vector per input, nothing lost");
     for (t, v) in input.iter().zip(&out) {
         let want = normalised(server_vector(t));
-        assert!(v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6), "the vector of {t:?} in input order, L2-normalised");
+        assert!(
+            v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "the vector of {t:?} in input order, L2-normalised"
+        );
     }
     let seen = srv.seen.lock().unwrap().clone();
     // The four faults hit the probe (then three retries of it); then 10 distinct texts in batches of 4.

@@ -148,13 +148,18 @@ where
     T: Timestamp + TotalOrder,
 {
     let mut indexes: HashMap<String, SimilarityIndex> = HashMap::new();
-    per_space_in_time_order(nodes, "SimilarityEdges", |(s, _, _)| s, move |space, rows| {
-        let changes: Vec<(Node, Embedding, isize)> = rows.into_iter().map(|((_, n, e), d)| (n, e, d)).collect();
-        let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
-        let deltas = index.apply(changes);
-        if index.is_empty() {
-            indexes.remove(space);
-        }
-        to_edges(space, deltas).collect()
-    })
+    per_space_in_time_order(
+        nodes,
+        "SimilarityEdges",
+        |(s, _, _)| s,
+        move |space, rows| {
+            let changes: Vec<(Node, Embedding, isize)> = rows.into_iter().map(|((_, n, e), d)| (n, e, d)).collect();
+            let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+            let deltas = index.apply(changes);
+            if index.is_empty() {
+                indexes.remove(space);
+            }
+            to_edges(space, deltas).collect()
+        },
+    )
 }

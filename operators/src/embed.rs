@@ -40,12 +40,12 @@ impl Default for HashEmbedder {
 }
 
 const STOP: &[&str] = &[
-    "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by", "can",
-    "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how", "i", "if", "in",
-    "into", "is", "it", "its", "just", "me", "more", "my", "no", "not", "of", "on", "one", "or", "our", "out", "over",
-    "s", "she", "so", "some", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to",
-    "up", "was", "we", "were", "what", "when", "which", "who", "will", "with", "would", "you", "your", "t", "yeah",
-    "oh", "um", "uh", "really", "so", "very", "get", "got",
+    "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by",
+    "can", "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "him", "his", "how", "i",
+    "if", "in", "into", "is", "it", "its", "just", "me", "more", "my", "no", "not", "of", "on", "one", "or", "our",
+    "out", "over", "s", "she", "so", "some", "than", "that", "the", "their", "them", "then", "there", "these", "they",
+    "this", "to", "up", "was", "we", "were", "what", "when", "which", "who", "will", "with", "would", "you", "your",
+    "t", "yeah", "oh", "um", "uh", "really", "so", "very", "get", "got",
 ];
 
 pub fn is_stop(w: &str) -> bool {
@@ -55,10 +55,7 @@ pub fn is_stop(w: &str) -> bool {
 
 /// Lower-cased alphanumeric words; an apostrophe splits ("don't" → "don", "t").
 pub fn words(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.to_lowercase())
-        .collect()
+    text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(|w| w.to_lowercase()).collect()
 }
 
 impl Embedder for HashEmbedder {

@@ -115,7 +115,8 @@ pub fn turn_position(turn: &str) -> i64 {
             return s.min(1_000_000) * 10_000 + n.min(9_999);
         }
     }
-    let tail: String = turn.chars().rev().take_while(char::is_ascii_digit).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: String =
+        turn.chars().rev().take_while(char::is_ascii_digit).collect::<Vec<_>>().into_iter().rev().collect();
     tail.parse::<i64>().map(|n| n.min(1_000_000_000)).unwrap_or(0)
 }
 
@@ -145,7 +146,8 @@ mod tests {
     #[test]
     fn documents_are_chunked_with_positions() {
         let mut ing = Ingestor::new(3);
-        let d = ing.apply(Record::Document { space: "s".into(), doc: "b".into(), text: "a b c\n\nd e f".into(), ts: None });
+        let d =
+            ing.apply(Record::Document { space: "s".into(), doc: "b".into(), text: "a b c\n\nd e f".into(), ts: None });
         let pos: Vec<_> = d.iter().map(|x| (x.1.id.as_str(), x.1.pos)).collect();
         assert_eq!(pos, vec![("b#0", 0), ("b#1", 1000)]);
     }

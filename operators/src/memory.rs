@@ -90,7 +90,8 @@ where
     // Each event embedded as a pseudo-node (so batch-dependent embedders retract exactly) and quantised.
     let event_nodes = em.events.clone().map(|(s, e)| {
         let text = format!("{} | {}", e.summary, e.people.join(", "));
-        let node = Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
+        let node =
+            Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
         (s, node)
     });
     let event_vectors = embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.id, events::quantise(&v.0)));
@@ -105,9 +106,9 @@ where
     let coref = events::coreference(candidates, em.events.clone(), logged);
     let merges = events::merge_groups(event_vectors.clone(), links.concat(coref.same));
     let topics = events::event_topics(event_vectors);
-    let cluster_requests = sm.requests.map(|(s, layer, cluster, key, members)| {
-        (s, key, ModelRequest::Summary { layer, cluster, members })
-    });
+    let cluster_requests = sm
+        .requests
+        .map(|(s, layer, cluster, key, members)| (s, key, ModelRequest::Summary { layer, cluster, members }));
     Memory {
         nodes: embedded,
         edges,

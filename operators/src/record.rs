@@ -127,7 +127,10 @@ pub fn from_value(value: Value, target_space: Option<&str>, limits: &Limits) -> 
     };
     check_id("space", &space, limits)?;
     if !space.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
-        return Err(Reject::Invalid { field: "space".into(), why: "only ASCII letters, digits, '-', '_' and '.' are allowed".into() });
+        return Err(Reject::Invalid {
+            field: "space".into(),
+            why: "only ASCII letters, digits, '-', '_' and '.' are allowed".into(),
+        });
     }
     let ts = f.opt_str("ts")?.map(str::to_string);
     match kind.as_str() {
@@ -153,7 +156,10 @@ pub fn from_value(value: Value, target_space: Option<&str>, limits: &Limits) -> 
             let doc = match (f.opt_str("doc")?, f.opt_str("conversation")?) {
                 (Some(d), None) | (None, Some(d)) => d.to_string(),
                 (Some(_), Some(_)) => {
-                    return Err(Reject::Invalid { field: "doc".into(), why: "give `doc` or `conversation`, not both".into() })
+                    return Err(Reject::Invalid {
+                        field: "doc".into(),
+                        why: "give `doc` or `conversation`, not both".into(),
+                    })
                 }
                 (None, None) => return Err(Reject::Missing { field: "doc", kind }),
             };
@@ -229,7 +235,8 @@ mod tests {
 
     #[test]
     fn parses_the_three_kinds_of_design() {
-        let c = parse(r#"{"space":"news","kind":"chunk","doc":"r-1","seq":3,"text":"Hello.","ts":"2026-11-29T10:00:00Z"}"#);
+        let c =
+            parse(r#"{"space":"news","kind":"chunk","doc":"r-1","seq":3,"text":"Hello.","ts":"2026-11-29T10:00:00Z"}"#);
         assert!(matches!(c, Ok(Record::Chunk { seq: 3, .. })), "{c:?}");
         let t = parse(r#"{"space":"s","kind":"turn","conversation":"c","turn":"D1:14","speaker":"Ana","text":"hi"}"#);
         assert!(matches!(t, Ok(Record::Turn { .. })), "{t:?}");

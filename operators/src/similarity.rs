@@ -320,7 +320,12 @@ impl SimilarityIndex {
         self.params.score((&a.node.doc, a.node.pos, &a.emb), (&b.node.doc, b.node.pos, &b.emb))
     }
 
-    fn delete(&mut self, id: &str, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>, dirty: &mut BTreeSet<Arc<str>>) {
+    fn delete(
+        &mut self,
+        id: &str,
+        before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>,
+        dirty: &mut BTreeSet<Arc<str>>,
+    ) {
         let Some((id, _)) = self.entries.get_key_value(id).map(|(k, v)| (k.clone(), v.slot)) else { return };
         for s in self.topk.get(&id).cloned().unwrap_or_default() {
             self.touch(&id, &s.id, before);
@@ -364,7 +369,13 @@ impl SimilarityIndex {
         self.entries.insert(id, Entry { node, emb, slot });
     }
 
-    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+    fn insert(
+        &mut self,
+        id: Arc<str>,
+        node: Node,
+        emb: Embedding,
+        before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>,
+    ) {
         self.place(id.clone(), node, emb);
 
         let cands = self.candidates(&id, true);

@@ -248,7 +248,11 @@ impl SummaryCache {
         for (_, h) in then {
             let list = now.get(&self.chain(space, *h))?;
             let stands = |h2: &u64| self.grew_from(space, *h2, *h);
-            let i = list.iter().find(|(h2, i)| !hit.contains(i) && stands(h2)).or_else(|| list.iter().find(|(h2, _)| stands(h2)))?.1;
+            let i = list
+                .iter()
+                .find(|(h2, i)| !hit.contains(i) && stands(h2))
+                .or_else(|| list.iter().find(|(h2, _)| stands(h2)))?
+                .1;
             hit.insert(i);
         }
         Some(hit.len())
@@ -321,7 +325,9 @@ impl Scheduler {
         let sessions: HashSet<(&str, &str, i64)> = waiting
             .iter()
             .filter_map(|((space, _), r)| match r {
-                ModelRequest::Session { conversation, session, .. } => Some((space.as_str(), conversation.as_str(), *session)),
+                ModelRequest::Session { conversation, session, .. } => {
+                    Some((space.as_str(), conversation.as_str(), *session))
+                }
                 _ => None,
             })
             .collect();
@@ -332,7 +338,9 @@ impl Scheduler {
             let seen = *self.first_seen.entry(key.clone()).or_insert(now);
             let stable = now.saturating_sub(seen) >= self.debounce;
             let session = match request {
-                ModelRequest::Session { conversation, session, .. } => Some((key.0.clone(), conversation.clone(), *session)),
+                ModelRequest::Session { conversation, session, .. } => {
+                    Some((key.0.clone(), conversation.clone(), *session))
+                }
                 _ => None,
             };
             let overdue = session.as_ref().is_some_and(|s| {
@@ -375,10 +383,12 @@ impl SummaryCache {
     /// The plan for a due request: a cluster may reuse an earlier summary; sessions and judgements always ask.
     pub fn plan(&self, space: &str, key: &str, request: &ModelRequest) -> Plan {
         match request {
-            ModelRequest::Summary { layer, cluster, members } => match self.decide(space, *layer, cluster, key, members) {
-                Decision::Reuse { text, coverage } => Plan::Reuse { text, coverage },
-                Decision::Fresh(coverage) => Plan::Ask(Some(coverage)),
-            },
+            ModelRequest::Summary { layer, cluster, members } => {
+                match self.decide(space, *layer, cluster, key, members) {
+                    Decision::Reuse { text, coverage } => Plan::Reuse { text, coverage },
+                    Decision::Fresh(coverage) => Plan::Ask(Some(coverage)),
+                }
+            }
             ModelRequest::Session { .. } | ModelRequest::Judge { .. } => Plan::Ask(None),
         }
     }
@@ -404,7 +414,8 @@ mod tests {
 
     #[test]
     fn a_sentence_shared_by_members_is_said_once() {
-        let texts = ["The sea wall was approved. Gulls.", "The sea wall was approved. The vote was close on the sea wall."];
+        let texts =
+            ["The sea wall was approved. Gulls.", "The sea wall was approved. The vote was close on the sea wall."];
         let s = extractive_summary(&texts, 40);
         assert_eq!(s.matches("The sea wall was approved.").count(), 1, "{s}");
         assert!(s.contains("vote was close"), "{s}");
@@ -414,7 +425,13 @@ mod tests {
         v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
     }
 
-    fn made(cache: &mut SummaryCache, space: &str, cluster: &str, members: &[(String, String)], text: &str) -> Coverage {
+    fn made(
+        cache: &mut SummaryCache,
+        space: &str,
+        cluster: &str,
+        members: &[(String, String)],
+        text: &str,
+    ) -> Coverage {
         match cache.decide(space, cluster[1..2].parse().unwrap(), cluster, "k", members) {
             Decision::Fresh(c) => {
                 cache.record(space, &c, text);
@@ -479,11 +496,20 @@ mod tests {
         let mut cache = SummaryCache::with_limit(0.5, 2);
         made(&mut cache, "s", "L1:a", &ms(&[("a", "x"), ("b", "y")]), "S1");
         made(&mut cache, "s", "L1:c", &ms(&[("c", "u"), ("d", "v")]), "S2");
-        assert!(matches!(cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])), Decision::Reuse { .. }));
+        assert!(matches!(
+            cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])),
+            Decision::Reuse { .. }
+        ));
         // The third summary finds the cache full: it starts over with S3 alone.
         made(&mut cache, "s", "L1:f", &ms(&[("f", "p"), ("g", "q")]), "S3");
-        assert!(matches!(cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])), Decision::Fresh(_)));
-        assert!(matches!(cache.decide("s", 1, "L1:f", "k", &ms(&[("f", "p"), ("g", "q"), ("h", "r")])), Decision::Reuse { .. }));
+        assert!(matches!(
+            cache.decide("s", 1, "L1:a", "k", &ms(&[("a", "x"), ("b", "y"), ("e", "z")])),
+            Decision::Fresh(_)
+        ));
+        assert!(matches!(
+            cache.decide("s", 1, "L1:f", "k", &ms(&[("f", "p"), ("g", "q"), ("h", "r")])),
+            Decision::Reuse { .. }
+        ));
     }
 
     #[test]

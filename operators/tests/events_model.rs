@@ -12,8 +12,29 @@ use rand::{Rng, SeedableRng};
 use timely::dataflow::operators::capture::{Capture, Extract};
 
 const WORDS: &[&str] = &[
-    "harbour", "storm", "flooded", "quay", "council", "budget", "violin", "lessons", "daughter", "football", "striker",
-    "because", "therefore", "plans", "to", "the", "ferry", "cancelled", "wall", "nurse", "bakery", "job", "lost",
+    "harbour",
+    "storm",
+    "flooded",
+    "quay",
+    "council",
+    "budget",
+    "violin",
+    "lessons",
+    "daughter",
+    "football",
+    "striker",
+    "because",
+    "therefore",
+    "plans",
+    "to",
+    "the",
+    "ferry",
+    "cancelled",
+    "wall",
+    "nurse",
+    "bakery",
+    "job",
+    "lost",
 ];
 
 fn turn(space_conv: (usize, usize), session: i64, n: i64, rng: &mut rand::rngs::StdRng) -> (String, Node) {

@@ -37,8 +37,11 @@ fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Vec<Change>> {
                     // delete a node and its edges
                     if live_nodes.remove(&(s.clone(), id.clone())) {
                         batch.push(Change::Node(s.clone(), id.clone(), -1));
-                        let gone: Vec<_> =
-                            live_edges.keys().filter(|(es, u, v)| *es == s && (*u == id || *v == id)).cloned().collect();
+                        let gone: Vec<_> = live_edges
+                            .keys()
+                            .filter(|(es, u, v)| *es == s && (*u == id || *v == id))
+                            .cloned()
+                            .collect();
                         for k in gone {
                             let w = live_edges.remove(&k).unwrap();
                             batch.push(Change::Edge(k.0, k.1, k.2, w, -1));
@@ -102,11 +105,19 @@ fn reference(batches: &[Vec<Change>], p: &HierarchyParams) -> Vec<BTreeSet<Row>>
             match c {
                 Change::Node(s, n, d) => {
                     let g = graphs.entry(s.clone()).or_default();
-                    if *d > 0 { g.nodes.insert(n.clone()); } else { g.nodes.remove(n); }
+                    if *d > 0 {
+                        g.nodes.insert(n.clone());
+                    } else {
+                        g.nodes.remove(n);
+                    }
                 }
                 Change::Edge(s, u, v, w, d) => {
                     let g = graphs.entry(s.clone()).or_default();
-                    if *d > 0 { g.edges.insert((u.clone(), v.clone()), *w); } else { g.edges.remove(&(u.clone(), v.clone())); }
+                    if *d > 0 {
+                        g.edges.insert((u.clone(), v.clone()), *w);
+                    } else {
+                        g.edges.remove(&(u.clone(), v.clone()));
+                    }
                 }
             }
         }

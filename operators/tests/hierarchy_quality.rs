@@ -30,7 +30,9 @@ fn fixtures() -> Vec<Fixture> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|e| (e[0].as_str().unwrap().to_string(), e[1].as_str().unwrap().to_string(), e[2].as_f64().unwrap()))
+                .map(|e| {
+                    (e[0].as_str().unwrap().to_string(), e[1].as_str().unwrap().to_string(), e[2].as_f64().unwrap())
+                })
                 .collect(),
             nx_lpa: v["networkx_lpa"]["modularity"].as_f64().unwrap(),
             nx_asyn: v["networkx_asyn_lpa"]["modularity"].as_f64().unwrap(),

@@ -14,7 +14,8 @@ type Ev = (String, String, Vec<i16>);
 
 fn vector(rng: &mut rand::rngs::StdRng, prototype: usize) -> Vec<i16> {
     // Near one of four directions, or noise: some pairs above τ, chains of them, and loners.
-    let mut v: Vec<f32> = (0..16).map(|i| if i == prototype * 4 || i == prototype * 4 + 1 { 1.0 } else { 0.0 }).collect();
+    let mut v: Vec<f32> =
+        (0..16).map(|i| if i == prototype * 4 || i == prototype * 4 + 1 { 1.0 } else { 0.0 }).collect();
     for x in v.iter_mut() {
         *x += rng.gen_range(-0.2..0.2);
     }
@@ -48,7 +49,12 @@ fn expected(live: &BTreeSet<Ev>) -> BTreeSet<(String, String, String)> {
             *g = items[i].1.clone();
         }
     }
-    (0..items.len()).map(|i| { let r = find(&mut parent, i); (items[i].0.clone(), items[i].1.clone(), group[&r].clone()) }).collect()
+    (0..items.len())
+        .map(|i| {
+            let r = find(&mut parent, i);
+            (items[i].0.clone(), items[i].1.clone(), group[&r].clone())
+        })
+        .collect()
 }
 
 fn run(workers: usize, steps: Vec<Vec<(Ev, isize)>>) -> Vec<BTreeSet<(String, String, String)>> {
@@ -103,7 +109,11 @@ fn merges_equal_union_find_after_every_epoch() {
             for _ in 0..rng.gen_range(1..8) {
                 if live.is_empty() || rng.gen_bool(0.75) {
                     let proto = rng.gen_range(0..4);
-                    let e = (format!("s{}", rng.gen_range(0..2)), format!("E:{:04}", rng.gen_range(0..60)), vector(&mut rng, proto));
+                    let e = (
+                        format!("s{}", rng.gen_range(0..2)),
+                        format!("E:{:04}", rng.gen_range(0..60)),
+                        vector(&mut rng, proto),
+                    );
                     if !live.iter().any(|x| x.0 == e.0 && x.1 == e.1) && live.insert(e.clone()) {
                         step.push((e, 1));
                     }
@@ -186,11 +196,16 @@ fn topics_are_a_function_of_the_current_events() {
             *acc.entry(x).or_default() += d;
         }
     }
-    let got: BTreeSet<(String, String)> = acc.into_iter().filter(|(_, d)| *d > 0).map(|((_, t, e), _)| (t, e)).collect();
-    let left: Vec<&(String, Vec<i16>)> = items.iter().filter(|(id, _)| !(id.ends_with('0') || id.ends_with('4'))).collect();
+    let got: BTreeSet<(String, String)> =
+        acc.into_iter().filter(|(_, d)| *d > 0).map(|((_, t, e), _)| (t, e)).collect();
+    let left: Vec<&(String, Vec<i16>)> =
+        items.iter().filter(|(id, _)| !(id.ends_with('0') || id.ends_with('4'))).collect();
     let refs: Vec<(&str, &[i16])> = left.iter().map(|(a, v)| (a.as_str(), v.as_slice())).collect();
-    let want: BTreeSet<(String, String)> =
-        kmeans_topics(&refs).into_iter().enumerate().map(|(i, t)| (format!("T:{}", refs[t].0), refs[i].0.to_string())).collect();
+    let want: BTreeSet<(String, String)> = kmeans_topics(&refs)
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (format!("T:{}", refs[t].0), refs[i].0.to_string()))
+        .collect();
     assert_eq!(got, want);
     assert_eq!(got.len(), left.len());
 }

@@ -131,13 +131,14 @@ fn run_index(batches: &[Batch], p: &SimilarityParams) -> Vec<BTreeSet<Edge>> {
             for (u, v, w, d) in deltas.clone() {
                 apply(&mut edges, Edge { space: s.clone(), u, v, weight_micro: w }, d);
             }
-            let mine: BTreeSet<(String, String, u32)> = edges
-                .iter()
-                .filter(|e| e.space == s)
-                .map(|e| (e.u.clone(), e.v.clone(), e.weight_micro))
-                .collect();
+            let mine: BTreeSet<(String, String, u32)> =
+                edges.iter().filter(|e| e.space == s).map(|e| (e.u.clone(), e.v.clone(), e.weight_micro)).collect();
             if mine != idx.edges() {
-                panic!("deltas {deltas:?}\nextra {:?}\nmissing {:?}", mine.difference(&idx.edges()).collect::<Vec<_>>(), idx.edges().difference(&mine).collect::<Vec<_>>());
+                panic!(
+                    "deltas {deltas:?}\nextra {:?}\nmissing {:?}",
+                    mine.difference(&idx.edges()).collect::<Vec<_>>(),
+                    idx.edges().difference(&mine).collect::<Vec<_>>()
+                );
             }
         }
         out.push(edges.clone());
@@ -199,7 +200,11 @@ fn check(name: &str, got: &[BTreeSet<Edge>], want: &[BTreeSet<Edge>]) {
         if g != w {
             let extra: Vec<_> = g.difference(w).take(5).collect();
             let missing: Vec<_> = w.difference(g).take(5).collect();
-            panic!("{name}: batch {round}: {} edges vs {} in the reference\nextra {extra:?}\nmissing {missing:?}", g.len(), w.len());
+            panic!(
+                "{name}: batch {round}: {} edges vs {} in the reference\nextra {extra:?}\nmissing {missing:?}",
+                g.len(),
+                w.len()
+            );
         }
     }
 }

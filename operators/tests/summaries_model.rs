@@ -29,11 +29,16 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
             let (ni, nodes) = scope.new_collection::<(String, String), isize>();
             let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
             let (si, sums) = scope.new_collection::<((String, String), String), isize>();
-            let h = hierarchy(nodes.clone(), edges, &HierarchyParams { max_layers, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 });
+            let h = hierarchy(
+                nodes.clone(),
+                edges,
+                &HierarchyParams { max_layers, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 },
+            );
             let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
             sm.texts.inner.capture_into(ts);
             let req_tx = Mutex::new(req_tx);
-            let (probe, reqs) = sm.requests.inspect(move |(r, t, d)| req_tx.lock().unwrap().send((r.clone(), *t, *d)).unwrap()).probe();
+            let (probe, reqs) =
+                sm.requests.inspect(move |(r, t, d)| req_tx.lock().unwrap().send((r.clone(), *t, *d)).unwrap()).probe();
             reqs.inner.capture_into(rs);
             (ni, ei, si, probe)
         });
@@ -126,14 +131,22 @@ fn a_cluster_of_one_member_above_layer_one_shows_its_members_summary() {
     let (reqs, changes) = run(&names, 2, 6, false);
     let reqs: Vec<(Req, isize)> = reqs.into_values().flatten().collect();
     assert!(reqs.iter().any(|(r, _)| r.1 == 2), "layer 2 is requested: {reqs:?}");
-    assert!(reqs.iter().all(|(r, _)| r.1 == 1 || r.4.len() > 1), "a one-member cluster above layer 1 was requested: {reqs:?}");
+    assert!(
+        reqs.iter().all(|(r, _)| r.1 == 1 || r.4.len() > 1),
+        "a one-member cluster above layer 1 was requested: {reqs:?}"
+    );
     let mut net: BTreeMap<((String, String), (u32, String)), isize> = BTreeMap::new();
     for (x, d) in changes.into_values().flatten() {
         *net.entry(x).or_default() += d;
     }
-    let texts: BTreeMap<(String, String), (u32, String)> = net.into_iter().filter(|(_, d)| *d > 0).map(|(x, _)| x).collect();
+    let texts: BTreeMap<(String, String), (u32, String)> =
+        net.into_iter().filter(|(_, d)| *d > 0).map(|(x, _)| x).collect();
     let layer1: Vec<&String> = texts.values().filter(|(l, _)| *l == 1).map(|(_, t)| t).collect();
-    let singles: Vec<&String> = texts.values().filter(|(l, _)| *l == 2).map(|(_, t)| t).filter(|t| layer1.contains(t)).collect();
+    let singles: Vec<&String> =
+        texts.values().filter(|(l, _)| *l == 2).map(|(_, t)| t).filter(|t| layer1.contains(t)).collect();
     assert_eq!(singles.len(), 1, "clique c's layer-2 cluster shows its layer-1 summary: {texts:?}");
-    assert!(texts.values().any(|(l, t)| *l == 2 && !layer1.contains(&t)), "a and b meet in a summarised cluster: {texts:?}");
+    assert!(
+        texts.values().any(|(l, t)| *l == 2 && !layer1.contains(&t)),
+        "a and b meet in a summarised cluster: {texts:?}"
+    );
 }

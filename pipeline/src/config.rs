@@ -295,16 +295,24 @@ impl Config {
             EmbedderKind::Hash => {}
             EmbedderKind::Local => {
                 if !cfg!(feature = "local-embedder") {
-                    errs.push("embedder.kind = \"local\": this binary was built without the local-embedder feature".into());
+                    errs.push(
+                        "embedder.kind = \"local\": this binary was built without the local-embedder feature".into(),
+                    );
                 } else if e.model_dir.is_empty() {
                     errs.push("embedder.model-dir must name the model directory when embedder.kind = \"local\" (scripts/fetch-model.sh fetches one)".into());
                 } else if !std::path::Path::new(&e.model_dir).join("model.safetensors").is_file() {
-                    errs.push(format!("embedder.model-dir = {:?} has no model.safetensors (scripts/fetch-model.sh fetches one)", e.model_dir));
+                    errs.push(format!(
+                        "embedder.model-dir = {:?} has no model.safetensors (scripts/fetch-model.sh fetches one)",
+                        e.model_dir
+                    ));
                 }
             }
             EmbedderKind::Openai => {
                 if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
-                    errs.push(format!("embedder.base-url = {:?} must be an http(s) URL up to /v1 when embedder.kind = \"openai\"", e.base_url));
+                    errs.push(format!(
+                        "embedder.base-url = {:?} must be an http(s) URL up to /v1 when embedder.kind = \"openai\"",
+                        e.base_url
+                    ));
                 }
                 if e.model.is_empty() {
                     errs.push("embedder.model must be set when embedder.kind = \"openai\"".into());
@@ -316,7 +324,10 @@ impl Config {
         }
         if self.llm.backend == LlmBackend::Openai {
             if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
-                errs.push(format!("llm.base-url = {:?} must be an http(s) URL up to /v1 when llm.backend = \"openai\"", self.llm.base_url));
+                errs.push(format!(
+                    "llm.base-url = {:?} must be an http(s) URL up to /v1 when llm.backend = \"openai\"",
+                    self.llm.base_url
+                ));
             }
             if self.llm.model.is_empty() {
                 errs.push("llm.model must be set when llm.backend = \"openai\"".into());
@@ -335,7 +346,10 @@ impl Config {
             errs.push("llm.max-tokens must be positive".into());
         }
         let k = &self.kafka;
-        let any_topic = !k.topics.is_empty() || !k.changes_topic.is_empty() || !k.dead_letter_topic.is_empty() || !k.responses_topic.is_empty();
+        let any_topic = !k.topics.is_empty()
+            || !k.changes_topic.is_empty()
+            || !k.dead_letter_topic.is_empty()
+            || !k.responses_topic.is_empty();
         if any_topic && !cfg!(feature = "kafka") {
             errs.push("kafka: this binary was built without the kafka feature".into());
         }

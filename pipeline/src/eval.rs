@@ -74,9 +74,12 @@ fn load_qmsum(dir: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
     let mut records = Vec::new();
     let mut questions = Vec::new();
     for path in names {
-        let m: Value = serde_json::from_str(&std::fs::read_to_string(&path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let m: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let space = path.file_stem().and_then(|s| s.to_str()).unwrap_or("meeting").to_lowercase();
-        let transcript = m["meeting_transcripts"].as_array().ok_or_else(|| anyhow::anyhow!("{}: no meeting_transcripts", path.display()))?;
+        let transcript = m["meeting_transcripts"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("{}: no meeting_transcripts", path.display()))?;
         let mut turns = BTreeSet::new();
         for (i, t) in transcript.iter().enumerate() {
             let text = t["content"].as_str().unwrap_or("").trim();
@@ -84,14 +87,20 @@ fn load_qmsum(dir: &PathBuf) -> anyhow::Result<(Vec<Value>, Vec<Question>)> {
                 continue;
             }
             turns.insert(format!("t{i}"));
-            records.push(json!({"space": space, "kind": "turn", "conversation": space, "turn": format!("t{i}"), "seq": i,
+            records
+                .push(json!({"space": space, "kind": "turn", "conversation": space, "turn": format!("t{i}"), "seq": i,
                                 "speaker": t["speaker"], "text": text}));
         }
         for (list, category) in [("specific_query_list", "specific"), ("general_query_list", "general")] {
             for q in m[list].as_array().into_iter().flatten() {
                 let mut gold = BTreeSet::new();
                 for span in q["relevant_text_span"].as_array().into_iter().flatten() {
-                    let bound = |i: usize| span[i].as_str().and_then(|x| x.trim().parse::<usize>().ok()).or_else(|| span[i].as_u64().map(|x| x as usize));
+                    let bound = |i: usize| {
+                        span[i]
+                            .as_str()
+                            .and_then(|x| x.trim().parse::<usize>().ok())
+                            .or_else(|| span[i].as_u64().map(|x| x as usize))
+                    };
                     if let (Some(a), Some(b)) = (bound(0), bound(1)) {
                         gold.extend((a..=b).map(|i| format!("t{i}")).filter(|t| turns.contains(t)));
                     }
@@ -232,9 +241,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     // A progress bar on a terminal; plain lines every 100 questions otherwise (CI logs, files).
     let bar = indicatif::ProgressBar::new(questions.len() as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} questions ({per_sec}, eta {eta})")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} questions ({per_sec}, eta {eta})",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for (i, q) in questions.iter().enumerate() {
@@ -247,7 +258,14 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             for &budget in &args.budgets {
                 let k = if mode == Mode::Flat { 200 } else { 10 };
                 let answer = answering && q.answer.is_some();
-                let req = QueryRequest { query: q.text.clone(), mode, budget_words: Some(budget), k: Some(k), answer: Some(answer), use_model: None };
+                let req = QueryRequest {
+                    query: q.text.clone(),
+                    mode,
+                    budget_words: Some(budget),
+                    k: Some(k),
+                    answer: Some(answer),
+                    use_model: None,
+                };
                 let resp = crate::service::execute(&shared, &q.space, &req)?;
                 if let (true, Some(gold)) = (answer, &q.answer) {
                     let predicted = resp.answer.clone().unwrap_or_default();
@@ -255,7 +273,11 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                         tracing::warn!(question = %q.text, error = %err, "no answer; scored as empty");
                     }
                     for cat in [q.category.to_string(), "all".to_string()] {
-                        scored.entry((mode.as_str(), budget, cat)).or_default().add(&predicted, gold, resp.answer_error.is_some());
+                        scored.entry((mode.as_str(), budget, cat)).or_default().add(
+                            &predicted,
+                            gold,
+                            resp.answer_error.is_some(),
+                        );
                     }
                 }
                 let mut found: BTreeSet<String> = BTreeSet::new();
@@ -300,14 +322,22 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     let categories: Vec<(String, &str)> = match args.dataset {
-        Dataset::Locomo => vec![("1".into(), "cat 1 multi-hop"), ("2".into(), "cat 2 temporal"), ("3".into(), "cat 3 open"), ("4".into(), "cat 4 single-hop")],
+        Dataset::Locomo => vec![
+            ("1".into(), "cat 1 multi-hop"),
+            ("2".into(), "cat 2 temporal"),
+            ("3".into(), "cat 3 open"),
+            ("4".into(), "cat 4 single-hop"),
+        ],
         Dataset::Qmsum => vec![("specific".into(), "specific"), ("general".into(), "general")],
     };
     println!("| mode | budget | all | {} |", categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "));
     println!("|---|---|---|{}", "---|".repeat(categories.len()));
     for &mode in &modes {
         for &b in &args.budgets {
-            let cell = |c: &str| acc.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64));
+            let cell = |c: &str| {
+                acc.get(&(mode.as_str(), b, c.to_string()))
+                    .map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64))
+            };
             let cells: Vec<String> = categories.iter().map(|c| cell(&c.0)).collect();
             println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
         }
@@ -318,7 +348,10 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
             Dataset::Qmsum => "answer ROUGE-L",
         };
         println!();
-        println!("| mode | budget | {metric} (all) | {} |", categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "));
+        println!(
+            "| mode | budget | {metric} (all) | {} |",
+            categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | ")
+        );
         println!("|---|---|---|{}", "---|".repeat(categories.len()));
         for &mode in &modes {
             for &b in &args.budgets {
@@ -336,7 +369,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     if let Some(out) = args.out {
         std::fs::write(
             &out,
-            serde_json::to_string_pretty(&json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings}))?,
+            serde_json::to_string_pretty(
+                &json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings}),
+            )?,
         )?;
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -362,7 +397,13 @@ fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
                 let gs: HashSet<String> = if by_topic {
                     v.event_of.get(id).and_then(|e| v.topic_of.get(e)).cloned().into_iter().collect()
                 } else {
-                    v.parents.get(id).into_iter().flatten().filter(|c| v.clusters.get(*c).is_some_and(|c| c.layer == 1)).cloned().collect()
+                    v.parents
+                        .get(id)
+                        .into_iter()
+                        .flatten()
+                        .filter(|c| v.clusters.get(*c).is_some_and(|c| c.layer == 1))
+                        .cloned()
+                        .collect()
                 };
                 memberships += gs.len();
                 let turn = id.split_once('#').map_or(id.as_str(), |(_, t)| t).to_string();

@@ -8,8 +8,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
 use operators::request::ModelRequest;
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::engine::{IngestError, Shared};
@@ -177,7 +177,8 @@ async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let mut rx = s.as_of.subscribe();
     let (reached, what) = match after.trim().parse::<u64>() {
         Ok(epoch) => {
-            let reached = tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
+            let reached =
+                tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
             (reached, format!("receipt {epoch}"))
         }
         Err(_) => {
@@ -229,11 +230,8 @@ async fn node(
     wait_for(&s, params.after.as_deref()).await?;
     let views = s.views.read().expect("views lock");
     let view = space_view(&views, &space)?;
-    let mut neighbours: Vec<(String, u32)> = view
-        .adjacency
-        .get(&id)
-        .map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect())
-        .unwrap_or_default();
+    let mut neighbours: Vec<(String, u32)> =
+        view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect()).unwrap_or_default();
     neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let parents: Vec<&String> = view.parents.get(&id).map(|p| p.iter().collect()).unwrap_or_default();
     if let Some((n, _)) = view.nodes.get(&id) {
@@ -257,8 +255,10 @@ async fn node(
             .iter()
             .filter(|(other, g)| *g == group && **other != id)
             .filter_map(|(other, _)| view.events.get(other))
-            .map(|o| json!({"id": o.id, "summary": o.summary, "conversation": o.conversation, "session": o.session,
-                            "turns": o.turns, "people": o.people, "time": o.time}))
+            .map(|o| {
+                json!({"id": o.id, "summary": o.summary, "conversation": o.conversation, "session": o.session,
+                            "turns": o.turns, "people": o.people, "time": o.time})
+            })
             .collect();
         return Ok(Json(json!({
             "id": e.id, "layer": 0, "kind": "event", "text": e.summary,
@@ -271,7 +271,8 @@ async fn node(
         // A topic (CompassMem): its member events, and as text the summaries of the first few.
         let mut members = members;
         members.sort();
-        let text: Vec<&str> = members.iter().filter_map(|e| view.events.get(*e)).take(3).map(|e| e.summary.as_str()).collect();
+        let text: Vec<&str> =
+            members.iter().filter_map(|e| view.events.get(*e)).take(3).map(|e| e.summary.as_str()).collect();
         return Ok(Json(json!({
             "id": id, "layer": 0, "kind": "topic", "text": text.join(" / "), "children": members, "as_of": views.as_of,
         })));
@@ -289,7 +290,10 @@ async fn node(
 
 /// A space's views, or `404 unknown_space`.
 fn space_view<'a>(views: &'a crate::views::Views, space: &str) -> Result<&'a crate::views::SpaceView, AppError> {
-    views.spaces.get(space).ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))
+    views
+        .spaces
+        .get(space)
+        .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_space", format!("no space `{space}`")))
 }
 
 /// The event memory of a space: events in (conversation, session, time) order and their relations.
@@ -302,7 +306,9 @@ async fn events(
     let views = s.views.read().expect("views lock");
     let view = space_view(&views, &space)?;
     let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
-    events.sort_by(|a, b| (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns)));
+    events.sort_by(|a, b| {
+        (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns))
+    });
     let events: Vec<serde_json::Value> = events
         .into_iter()
         .map(|e| {
@@ -316,7 +322,10 @@ async fn events(
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.
-async fn pending_summaries(State(s): State<Arc<Shared>>, Path(space): Path<String>) -> Result<Json<serde_json::Value>, AppError> {
+async fn pending_summaries(
+    State(s): State<Arc<Shared>>,
+    Path(space): Path<String>,
+) -> Result<Json<serde_json::Value>, AppError> {
     let views = s.views.read().expect("views lock");
     let view = space_view(&views, &space)?;
     let pending: Vec<_> = view

@@ -13,7 +13,11 @@ use engram::engine::{Engine, Place, Shared};
 use engram::{bench, http};
 
 #[derive(Parser)]
-#[command(name = "engram", version, about = "A streaming memory engine for LLM agents (CAM + CompassMem on timely/differential dataflow)")]
+#[command(
+    name = "engram",
+    version,
+    about = "A streaming memory engine for LLM agents (CAM + CompassMem on timely/differential dataflow)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,12 @@ impl TimelyArgs {
                     .collect(),
                 None => (0..self.processes).map(|i| format!("localhost:{}", 2101 + i)).collect(),
             };
-            anyhow::ensure!(addresses.len() == self.processes, "the hostfile names {} of {} processes", addresses.len(), self.processes);
+            anyhow::ensure!(
+                addresses.len() == self.processes,
+                "the hostfile names {} of {} processes",
+                addresses.len(),
+                self.processes
+            );
             C::Cluster { threads: self.workers, process: self.process, addresses, report: false, zerocopy: false }
         } else if self.workers > 1 {
             C::Process(self.workers)
@@ -146,7 +155,9 @@ struct QueryArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "info,hnsw_rs=warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "info,hnsw_rs=warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -179,11 +190,17 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut signals = rt.block_on(async { http::Signals::register() })?;
     for ask in &args.asks {
-        anyhow::ensure!(ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()), "--ask {ask:?}: expected SPACE:QUESTION");
+        anyhow::ensure!(
+            ask.split_once(':').is_some_and(|(s, q)| !s.is_empty() && !q.trim().is_empty()),
+            "--ask {ask:?}: expected SPACE:QUESTION"
+        );
     }
     let ask_mode: engram::query::Mode = serde_json::from_value(serde_json::json!(args.ask_mode))
         .map_err(|_| anyhow::anyhow!("--ask-mode {:?}: expected flat, prune-and-grow or compass", args.ask_mode))?;
-    anyhow::ensure!(!args.once || !args.follow, "--once and --follow contradict each other: a followed file never ends");
+    anyhow::ensure!(
+        !args.once || !args.follow,
+        "--once and --follow contradict each other: a followed file never ends"
+    );
     let place = Place { process: args.timely.process, processes: args.timely.processes };
     let serving = place.leads();
     // Every process keeps its own input log and dead-letter file (process p > 0 under DATA_DIR/process-p).
@@ -232,10 +249,18 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
         let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
         let a = tokio::spawn(async move {
-            axum::serve(api, api_app).with_graceful_shutdown(async move { let _ = rx1.recv().await; }).await
+            axum::serve(api, api_app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx1.recv().await;
+                })
+                .await
         });
         let b = tokio::spawn(async move {
-            axum::serve(admin, admin_app).with_graceful_shutdown(async move { let _ = rx2.recv().await; }).await
+            axum::serve(admin, admin_app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx2.recv().await;
+                })
+                .await
         });
         // Stops on a signal, or once the --ask answers are out with --once.
         let after_asks = async move {
@@ -262,9 +287,8 @@ fn bind(
     api: SocketAddr,
     admin: SocketAddr,
 ) -> anyhow::Result<(tokio::net::TcpListener, tokio::net::TcpListener)> {
-    let (a, b) = rt.block_on(async {
-        (tokio::net::TcpListener::bind(api).await, tokio::net::TcpListener::bind(admin).await)
-    });
+    let (a, b) =
+        rt.block_on(async { (tokio::net::TcpListener::bind(api).await, tokio::net::TcpListener::bind(admin).await) });
     let a = a.map_err(|e| anyhow::anyhow!("cannot listen on {api}: {e}"))?;
     let b = b.map_err(|e| anyhow::anyhow!("cannot listen on {admin} (admin): {e}"))?;
     Ok((a, b))
@@ -275,7 +299,10 @@ fn bind(
 fn add_sources(engine: &mut Engine, args: &RunArgs, place: Place) -> anyhow::Result<()> {
     let shared = engine.shared().clone();
     if !place.leads() && !args.inputs.is_empty() {
-        tracing::warn!(process = place.process, "--input is read by process 0 only; this process reads its share of the Kafka partitions");
+        tracing::warn!(
+            process = place.process,
+            "--input is read by process 0 only; this process reads its share of the Kafka partitions"
+        );
     }
     if place.leads() {
         for path in &args.inputs {
@@ -298,8 +325,9 @@ fn add_sources(engine: &mut Engine, args: &RunArgs, place: Place) -> anyhow::Res
         {
             let share = connectors::kafka::Share { index: place.process, peers: place.processes };
             let metrics = Some(shared.metrics.kafka.clone());
-            let source = connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, share, &shared.resume, metrics)
-                .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
+            let source =
+                connectors::kafka::KafkaSource::new(&k.brokers, &k.group_id, &k.topics, share, &shared.resume, metrics)
+                    .map_err(|e| anyhow::anyhow!("kafka: {e}"))?;
             engine.add_source(Box::new(source), "kafka");
         }
     }

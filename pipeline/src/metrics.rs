@@ -1,7 +1,9 @@
 //! Prometheus metrics, served on the admin port. Names follow `engram_<noun>_<unit>`; labels stay low-cardinality
 //! (never a space, document or node id). Counted once per batch, not once per record.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -72,20 +74,19 @@ impl Metrics {
                 .buckets(prometheus::exponential_buckets(0.0001, 3.0, 10).expect("buckets")),
         )
         .expect("metric");
-        let clusters = IntGauge::new("engram_clusters", "Clusters (nodes of layers 1 and above), all spaces").expect("metric");
-        let summary_backlog = IntGauge::new(
-            "engram_summary_backlog",
-            "Clusters waiting for a summary (debouncing or in flight)",
-        )
-        .expect("metric");
+        let clusters =
+            IntGauge::new("engram_clusters", "Clusters (nodes of layers 1 and above), all spaces").expect("metric");
+        let summary_backlog =
+            IntGauge::new("engram_summary_backlog", "Clusters waiting for a summary (debouncing or in flight)")
+                .expect("metric");
         let summaries_reused = IntCounter::new(
             "engram_summaries_reused_total",
             "Cluster summaries reused from an earlier summary of a part of the same content (no model call)",
         )
         .expect("metric");
         let llm = connectors::openai::LlmMetrics::new(&registry).expect("LLM metrics");
-        let embedder_requests =
-            connectors::openai::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding").expect("embedder metrics");
+        let embedder_requests = connectors::openai::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding")
+            .expect("embedder metrics");
         let embedder = connectors::embedders::EmbedderMetrics::new(&registry).expect("embedder metrics");
         #[cfg(feature = "kafka")]
         let kafka = connectors::kafka::KafkaMetrics::new(&registry).expect("Kafka metrics");

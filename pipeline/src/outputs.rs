@@ -24,7 +24,8 @@ fn topic(name: &str) -> Option<String> {
 impl Outputs {
     #[cfg(feature = "kafka")]
     pub fn open(k: &KafkaConfig, metrics: Option<connectors::kafka::KafkaMetrics>) -> anyhow::Result<Outputs> {
-        let (changes, dead_letter, responses) = (topic(&k.changes_topic), topic(&k.dead_letter_topic), topic(&k.responses_topic));
+        let (changes, dead_letter, responses) =
+            (topic(&k.changes_topic), topic(&k.dead_letter_topic), topic(&k.responses_topic));
         if changes.is_none() && dead_letter.is_none() && responses.is_none() {
             return Ok(Outputs::default());
         }
@@ -84,7 +85,8 @@ impl Outputs {
         let Some(t) = topic(&k.responses_topic) else { return Ok(Vec::new()) };
         #[cfg(feature = "kafka")]
         {
-            let rows = connectors::kafka::read_topic(&k.brokers, &t, Duration::from_secs(60)).map_err(|e| anyhow::anyhow!(e))?;
+            let rows = connectors::kafka::read_topic(&k.brokers, &t, Duration::from_secs(60))
+                .map_err(|e| anyhow::anyhow!(e))?;
             return Ok(rows.into_iter().filter_map(|(_, v)| serde_json::from_slice(&v).ok()).collect());
         }
         #[allow(unreachable_code)]

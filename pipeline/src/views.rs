@@ -112,8 +112,13 @@ impl SpaceView {
     }
 
     fn is_empty(&self) -> bool {
-        self.nodes.is_empty() && self.edges == 0 && self.clusters.is_empty() && self.requests.is_empty() && self.events.is_empty()
-            && self.relations.is_empty() && self.groups.is_empty()
+        self.nodes.is_empty()
+            && self.edges == 0
+            && self.clusters.is_empty()
+            && self.requests.is_empty()
+            && self.events.is_empty()
+            && self.relations.is_empty()
+            && self.groups.is_empty()
             && self.topic_of.is_empty()
     }
 }
@@ -361,15 +366,29 @@ impl ViewUpdate {
         use serde_json::json;
         let op = if diff > 0 { "upsert" } else { "retract" };
         let (space, body) = match self {
-            ViewUpdate::Node(s, n, _) => (s, json!({"type": "node", "id": n.id, "kind": n.kind, "doc": n.doc, "pos": n.pos,
-                                                    "text": n.text, "speaker": n.speaker, "ts": n.ts})),
-            ViewUpdate::Edge(e) => (&e.space, json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro})),
-            ViewUpdate::Cluster(s, l, c, m) => (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m})),
-            ViewUpdate::LayerEdge(s, l, u, v, w) => (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w})),
+            ViewUpdate::Node(s, n, _) => (
+                s,
+                json!({"type": "node", "id": n.id, "kind": n.kind, "doc": n.doc, "pos": n.pos,
+                                                    "text": n.text, "speaker": n.speaker, "ts": n.ts}),
+            ),
+            ViewUpdate::Edge(e) => {
+                (&e.space, json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro}))
+            }
+            ViewUpdate::Cluster(s, l, c, m) => {
+                (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m}))
+            }
+            ViewUpdate::LayerEdge(s, l, u, v, w) => {
+                (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w}))
+            }
             ViewUpdate::Summary(s, l, c, t) => (s, json!({"type": "summary", "layer": l, "cluster": c, "text": t})),
-            ViewUpdate::Event(s, e) => (s, json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
-                                                  "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time})),
-            ViewUpdate::Relation(s, r) => (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence})),
+            ViewUpdate::Event(s, e) => (
+                s,
+                json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
+                                                  "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time}),
+            ),
+            ViewUpdate::Relation(s, r) => {
+                (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}))
+            }
             ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
             ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
             ViewUpdate::Error(_) | ViewUpdate::Request(..) | ViewUpdate::Position(..) => return None,
@@ -388,7 +407,15 @@ mod tests {
     use operators::NodeKind;
 
     fn node(id: &str, text: &str) -> Node {
-        Node { id: id.into(), kind: NodeKind::Chunk, doc: "d".into(), pos: 0, text: text.into(), speaker: None, ts: None }
+        Node {
+            id: id.into(),
+            kind: NodeKind::Chunk,
+            doc: "d".into(),
+            pos: 0,
+            text: text.into(),
+            speaker: None,
+            ts: None,
+        }
     }
 
     #[test]

@@ -41,7 +41,14 @@ impl OpenAiLlm {
     }
 
     /// One structured call on the client's own runtime, blocking the calling thread (the summariser's workers).
-    fn call<T>(&self, stage: &str, system: &str, user: &str, schema: &Value, validate: impl Fn(&Value) -> Result<T, String>) -> Result<T, LlmError> {
+    fn call<T>(
+        &self,
+        stage: &str,
+        system: &str,
+        user: &str,
+        schema: &Value,
+        validate: impl Fn(&Value) -> Result<T, String>,
+    ) -> Result<T, LlmError> {
         let runtime = self.runtime.as_ref().ok_or_else(|| LlmError::Service("the client is shut down".into()))?;
         runtime.block_on(self.client.chat_json(stage, system, user, schema, validate))
     }
@@ -145,7 +152,12 @@ impl Llm for OpenAiLlm {
         self.call("plan", PLAN_SYSTEM, &format!("Question: {question}"), &schema, validate_plan).map(Some)
     }
 
-    fn explore(&self, question: &str, subgoal: &str, events: &[&str]) -> Result<Option<Vec<operators::llm::Explore>>, LlmError> {
+    fn explore(
+        &self,
+        question: &str,
+        subgoal: &str,
+        events: &[&str],
+    ) -> Result<Option<Vec<operators::llm::Explore>>, LlmError> {
         let schema = json!({
             "type": "object",
             "properties": {"actions": {"type": "array", "items": {

@@ -61,16 +61,25 @@ impl LlmMetrics {
     pub fn with_prefix(registry: &Registry, prefix: &str, what: &str) -> prometheus::Result<Self> {
         let m = LlmMetrics {
             requests: IntCounterVec::new(
-                Opts::new(format!("{prefix}_requests_total"), format!("{what} requests by stage and outcome (logged responses are not requests)")),
+                Opts::new(
+                    format!("{prefix}_requests_total"),
+                    format!("{what} requests by stage and outcome (logged responses are not requests)"),
+                ),
                 &["stage", "outcome"],
             )?,
             tokens: IntCounterVec::new(
-                Opts::new(format!("{prefix}_tokens_total"), format!("{what} tokens by stage and direction (prompt, completion)")),
+                Opts::new(
+                    format!("{prefix}_tokens_total"),
+                    format!("{what} tokens by stage and direction (prompt, completion)"),
+                ),
                 &["stage", "direction"],
             )?,
             duration: HistogramVec::new(
-                HistogramOpts::new(format!("{prefix}_request_duration_seconds"), format!("{what} request latency by stage (one attempt)"))
-                    .buckets(prometheus::exponential_buckets(0.001, 3.0, 12)?),
+                HistogramOpts::new(
+                    format!("{prefix}_request_duration_seconds"),
+                    format!("{what} request latency by stage (one attempt)"),
+                )
+                .buckets(prometheus::exponential_buckets(0.001, 3.0, 12)?),
                 &["stage"],
             )?,
             rate_limited_waits: IntCounter::new(
@@ -181,12 +190,15 @@ impl OpenAiClient {
             "max_tokens": self.cfg.max_tokens,
         });
         body["response_format"] = match self.cfg.response_format {
-            ResponseFormat::JsonSchema => json!({"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": true}}),
+            ResponseFormat::JsonSchema => {
+                json!({"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": true}})
+            }
             ResponseFormat::JsonObject => json!({"type": "json_object"}),
         };
         let prompt_tokens = messages.iter().map(|m| estimate_tokens(m["content"].as_str().unwrap_or(""))).sum::<u32>();
         self.post(stage, "chat/completions", &body, prompt_tokens, self.cfg.max_tokens, |v| {
-            let content = v["choices"][0]["message"]["content"].as_str().ok_or("no choices[0].message.content")?.to_string();
+            let content =
+                v["choices"][0]["message"]["content"].as_str().ok_or("no choices[0].message.content")?.to_string();
             let completion = estimate_tokens(&content);
             Ok((content, completion))
         })
@@ -208,8 +220,10 @@ impl OpenAiClient {
             for (pos, item) in data.iter().enumerate() {
                 let i = item["index"].as_u64().map(|i| i as usize).unwrap_or(pos);
                 let vec = item["embedding"].as_array().ok_or("an item without an `embedding` array")?;
-                let vec: Vec<f32> =
-                    vec.iter().map(|x| x.as_f64().map(|f| f as f32).ok_or("a non-number in an embedding")).collect::<Result<_, _>>()?;
+                let vec: Vec<f32> = vec
+                    .iter()
+                    .map(|x| x.as_f64().map(|f| f as f32).ok_or("a non-number in an embedding"))
+                    .collect::<Result<_, _>>()?;
                 *out.get_mut(i).ok_or("an `index` out of range")? = Some(vec);
             }
             let out: Vec<Vec<f32>> = out.into_iter().collect::<Option<_>>().ok_or("an input without an embedding")?;
@@ -241,8 +255,13 @@ impl OpenAiClient {
             let result = self.send(&url, body).await.and_then(|(v, text)| {
                 let usage = (v["usage"]["prompt_tokens"].as_u64(), v["usage"]["completion_tokens"].as_u64());
                 extract(&v)
-                    .map(|(r, completion)| (r, usage.0.unwrap_or(u64::from(prompt_tokens)), usage.1.unwrap_or(u64::from(completion))))
-                    .map_err(|why| Attempt::Retryable { why: format!("{why} in {}", snippet(&text)), retry_after: None })
+                    .map(|(r, completion)| {
+                        (r, usage.0.unwrap_or(u64::from(prompt_tokens)), usage.1.unwrap_or(u64::from(completion)))
+                    })
+                    .map_err(|why| Attempt::Retryable {
+                        why: format!("{why} in {}", snippet(&text)),
+                        retry_after: None,
+                    })
             });
             self.metrics.inflight.dec();
             self.metrics.duration.with_label_values(&[stage]).observe(started.elapsed().as_secs_f64());
@@ -309,7 +328,10 @@ impl OpenAiClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|s| Duration::from_secs_f64(s.clamp(0.0, 600.0)));
-        let text = resp.text().await.map_err(|e| Attempt::Retryable { why: format!("reading the body: {e}"), retry_after: None })?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| Attempt::Retryable { why: format!("reading the body: {e}"), retry_after: None })?;
         if status.as_u16() == 429 || status.is_server_error() {
             return Err(Attempt::Retryable { why: format!("HTTP {status}: {}", snippet(&text)), retry_after });
         }

@@ -43,7 +43,10 @@ pub fn validate_segments(v: &Value, n: usize) -> Result<Vec<EventDraft>, String>
             return Err(format!("event {k}: missing or empty `summary`"));
         }
         let people = match e.get("people") {
-            Some(Value::Array(a)) => a.iter().map(|p| p.as_str().map(str::to_string).ok_or(format!("event {k}: `people` must be strings"))).collect::<Result<Vec<_>, _>>()?,
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|p| p.as_str().map(str::to_string).ok_or(format!("event {k}: `people` must be strings")))
+                .collect::<Result<Vec<_>, _>>()?,
             None | Some(Value::Null) => Vec::new(),
             Some(_) => return Err(format!("event {k}: `people` must be an array")),
         };
@@ -62,7 +65,9 @@ pub fn validate_relations(v: &Value, n: usize) -> Result<Vec<RelationDraft>, Str
     let mut out = Vec::with_capacity(rels.len());
     for (k, r) in rels.iter().enumerate() {
         let end = |key: &str| -> Result<usize, String> {
-            let i = r.get(key).and_then(Value::as_u64).ok_or(format!("relation {k}: `{key}` must be an event number"))? as usize;
+            let i =
+                r.get(key).and_then(Value::as_u64).ok_or(format!("relation {k}: `{key}` must be an event number"))?
+                    as usize;
             if i == 0 || i > n {
                 return Err(format!("relation {k}: `{key}` = {i} is not an event (1..={n})"));
             }
@@ -73,7 +78,8 @@ pub fn validate_relations(v: &Value, n: usize) -> Result<Vec<RelationDraft>, Str
             return Err(format!("relation {k}: an event cannot relate to itself"));
         }
         let kind = r.get("kind").and_then(Value::as_str).ok_or(format!("relation {k}: missing `kind`"))?;
-        let (kind, reversed) = RelationKind::parse_directed(kind).ok_or(format!("relation {k}: unknown kind {kind:?}"))?;
+        let (kind, reversed) =
+            RelationKind::parse_directed(kind).ok_or(format!("relation {k}: unknown kind {kind:?}"))?;
         let (from, to) = if reversed { (to, from) } else { (from, to) };
         out.push(RelationDraft { from, to, kind });
     }
@@ -85,7 +91,8 @@ pub fn validate_relations(v: &Value, n: usize) -> Result<Vec<RelationDraft>, Str
 /// `{"verdict": "same_event" | "has_overlap" | "different"}`.
 pub fn validate_verdict(v: &Value) -> Result<operators::events::Verdict, String> {
     let verdict = v.get("verdict").ok_or("missing `verdict`")?;
-    serde_json::from_value(verdict.clone()).map_err(|_| format!("`verdict` is {verdict}: expected same_event, has_overlap or different"))
+    serde_json::from_value(verdict.clone())
+        .map_err(|_| format!("`verdict` is {verdict}: expected same_event, has_overlap or different"))
 }
 
 /// `{"relevant": [1-based numbers]}` → 0-based indices, in range, without repeats.
@@ -107,7 +114,8 @@ pub fn validate_selection(v: &Value, n: usize) -> Result<Vec<usize>, String> {
 /// `{"subgoals": [1–5 non-empty strings]}`.
 pub fn validate_plan(v: &Value) -> Result<Vec<String>, String> {
     let list = v.get("subgoals").and_then(Value::as_array).ok_or("missing `subgoals` array")?;
-    let goals: Vec<String> = list.iter().filter_map(Value::as_str).map(str::trim).filter(|g| !g.is_empty()).map(String::from).collect();
+    let goals: Vec<String> =
+        list.iter().filter_map(Value::as_str).map(str::trim).filter(|g| !g.is_empty()).map(String::from).collect();
     if goals.len() != list.len() || goals.is_empty() || goals.len() > 5 {
         return Err(format!("`subgoals` must be 1 to 5 non-empty strings, got {}", Value::Array(list.clone())));
     }
@@ -120,7 +128,9 @@ pub fn validate_actions(v: &Value, n: usize) -> Result<Vec<operators::llm::Explo
     let list = v.get("actions").and_then(Value::as_array).ok_or("missing `actions` array")?;
     let mut out = vec![Explore::Skip; n];
     for a in list {
-        let i = a.get("event").and_then(Value::as_u64).ok_or_else(|| format!("an action without an event number: {a}"))? as usize;
+        let i =
+            a.get("event").and_then(Value::as_u64).ok_or_else(|| format!("an action without an event number: {a}"))?
+                as usize;
         if i == 0 || i > n {
             return Err(format!("event {i} is out of range 1..={n}"));
         }
@@ -151,9 +161,15 @@ mod tests {
         assert!(validate_plan(&json!({"subgoals": []})).is_err());
         assert!(validate_plan(&json!({"subgoals": ["a", "", "c"]})).is_err());
         assert!(validate_plan(&json!({"subgoals": ["1", "2", "3", "4", "5", "6"]})).is_err());
-        let acts = validate_actions(&json!({"actions": [{"event": 2, "action": "expand"}, {"event": 3, "action": "answer"}]}), 3).unwrap();
+        let acts = validate_actions(
+            &json!({"actions": [{"event": 2, "action": "expand"}, {"event": 3, "action": "answer"}]}),
+            3,
+        )
+        .unwrap();
         assert_eq!(acts, vec![Explore::Skip, Explore::Expand, Explore::Answer], "a left-out event is skipped");
-        assert!(validate_actions(&json!({"actions": [{"event": 1, "action": "maybe"}]}), 3).unwrap_err().contains("maybe"));
+        assert!(validate_actions(&json!({"actions": [{"event": 1, "action": "maybe"}]}), 3)
+            .unwrap_err()
+            .contains("maybe"));
         assert!(validate_actions(&json!({"actions": [{"event": 0, "action": "skip"}]}), 3).is_err());
         use operators::events::Verdict;
         assert_eq!(validate_verdict(&json!({"verdict": "same_event"})), Ok(Verdict::SameEvent));
@@ -174,16 +190,27 @@ mod tests {
         assert!(validate_segments(&gap, 3).unwrap_err().contains("out of order"));
         let empty = json!({"events": [{"turns": [1], "summary": " ", "people": [], "time": null}]});
         assert!(validate_segments(&empty, 1).unwrap_err().contains("summary"));
-        let rel = json!({"relations": [{"from": 2, "to": 1, "kind": "causal"}, {"from": 2, "to": 1, "kind": "causal"}]});
-        assert_eq!(validate_relations(&rel, 2).unwrap(), vec![RelationDraft { from: 1, to: 0, kind: RelationKind::Causal }]);
-        assert!(validate_relations(&json!({"relations": [{"from": 3, "to": 1, "kind": "causal"}]}), 2).unwrap_err().contains("not an event"));
-        assert!(validate_relations(&json!({"relations": [{"from": 1, "to": 2, "kind": "caused-by"}]}), 2).unwrap_err().contains("unknown kind"));
+        let rel =
+            json!({"relations": [{"from": 2, "to": 1, "kind": "causal"}, {"from": 2, "to": 1, "kind": "causal"}]});
+        assert_eq!(
+            validate_relations(&rel, 2).unwrap(),
+            vec![RelationDraft { from: 1, to: 0, kind: RelationKind::Causal }]
+        );
+        assert!(validate_relations(&json!({"relations": [{"from": 3, "to": 1, "kind": "causal"}]}), 2)
+            .unwrap_err()
+            .contains("not an event"));
+        assert!(validate_relations(&json!({"relations": [{"from": 1, "to": 2, "kind": "caused-by"}]}), 2)
+            .unwrap_err()
+            .contains("unknown kind"));
         assert!(validate_relations(&json!({"relations": [{"from": 1, "to": 1, "kind": "causal"}]}), 2).is_err());
         // The paper's labels: `temporal_after` is `temporal` the other way round; `follow_up` is `follow-up`.
         let rel = json!({"relations": [{"from": 1, "to": 2, "kind": "temporal_after"}, {"from": 1, "to": 2, "kind": "follow_up"}]});
         assert_eq!(
             validate_relations(&rel, 2).unwrap(),
-            vec![RelationDraft { from: 0, to: 1, kind: RelationKind::FollowUp }, RelationDraft { from: 1, to: 0, kind: RelationKind::Temporal }]
+            vec![
+                RelationDraft { from: 0, to: 1, kind: RelationKind::FollowUp },
+                RelationDraft { from: 1, to: 0, kind: RelationKind::Temporal }
+            ]
         );
     }
 

@@ -63,11 +63,9 @@ where
         evidence.extend(b.turns.iter().cloned());
         (s, RelationRow { from: a.id, to: b.id, kind: RelationKind::Overlap, evidence })
     });
-    let requests = pairs
-        .antijoin(verdicts.map(|(k, _)| k).distinct())
-        .map(|((s, key), (a, b))| {
-            let pair = [(a.id.clone(), describe_event(&a)), (b.id.clone(), describe_event(&b))];
-            (s, key, ModelRequest::Judge { pair })
-        });
+    let requests = pairs.antijoin(verdicts.map(|(k, _)| k).distinct()).map(|((s, key), (a, b))| {
+        let pair = [(a.id.clone(), describe_event(&a)), (b.id.clone(), describe_event(&b))];
+        (s, key, ModelRequest::Judge { pair })
+    });
     Coreference { requests, same, overlaps }
 }

@@ -38,40 +38,47 @@ where
         .filter(|(_, n)| n.kind == crate::model::NodeKind::Turn)
         .map(|(s, n)| ((s, n.doc.clone(), session_of(&n)), n));
     // Each session's content key (only with a model).
-    let keys = turns
-        .clone()
-        .filter(move |_| with_model)
-        .reduce(|_k: &Key, turns: &[(&crate::model::Node, isize)], out: &mut Vec<((String, Vec<TurnIn>), isize)>| {
+    let keys = turns.clone().filter(move |_| with_model).reduce(
+        |_k: &Key, turns: &[(&crate::model::Node, isize)], out: &mut Vec<((String, Vec<TurnIn>), isize)>| {
             let live: Vec<&crate::model::Node> = turns.iter().filter(|(_, d)| *d > 0).map(|(n, _)| *n).collect();
             if live.is_empty() {
                 return;
             }
             let (_, input) = sorted_turns(&live);
             out.push(((session_key(&input), input), 1));
-        });
+        },
+    );
     // Every logged answer names its session: all of a session's answers meet its turns in the reduce below.
     let answers = logged.clone().flat_map(|((s, key), answer)| {
-        let parsed = (RequestKind::of_key(&key) == RequestKind::Session).then(|| serde_json::from_str::<SessionAnswer>(&answer).ok()).flatten();
+        let parsed = (RequestKind::of_key(&key) == RequestKind::Session)
+            .then(|| serde_json::from_str::<SessionAnswer>(&answer).ok())
+            .flatten();
         parsed.filter(|p| !p.turn_ids.is_empty()).map(|p| ((s, p.conversation, p.session), answer))
     });
     let answered = logged.map(|(k, _)| k).filter(|(_, key)| RequestKind::of_key(key) == RequestKind::Session);
     let requests = keys
-        .map(|((s, conversation, session), (key, turns))| ((s, key), ModelRequest::Session { conversation, session, turns }))
+        .map(|((s, conversation, session), (key, turns))| {
+            ((s, key), ModelRequest::Session { conversation, session, turns })
+        })
         .antijoin(answered.distinct())
         .map(|((s, key), request)| (s, key, request));
-    let sessions = turns
-        .map(|(k, n)| (k, (Some(n), None::<String>)))
-        .concat(answers.map(|(k, a)| (k, (None, Some(a)))))
-        .reduce(move |(_s, conv, session): &Key, vals: &[(&(Option<crate::model::Node>, Option<String>), isize)], out: &mut Vec<((Vec<EventRow>, Vec<RelationRow>), isize)>| {
-            let live: Vec<&crate::model::Node> = vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.0.as_ref()).collect();
-            if live.is_empty() {
-                return;
-            }
-            let answers: Vec<&str> = vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.1.as_deref()).collect();
-            let made = from_answers(conv, *session, &live, &answers, &params)
-                .unwrap_or_else(|| session_events(conv, *session, &live, &params));
-            out.push((made, 1));
-        });
+    let sessions =
+        turns.map(|(k, n)| (k, (Some(n), None::<String>))).concat(answers.map(|(k, a)| (k, (None, Some(a))))).reduce(
+            move |(_s, conv, session): &Key,
+                  vals: &[(&(Option<crate::model::Node>, Option<String>), isize)],
+                  out: &mut Vec<((Vec<EventRow>, Vec<RelationRow>), isize)>| {
+                let live: Vec<&crate::model::Node> =
+                    vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.0.as_ref()).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let answers: Vec<&str> =
+                    vals.iter().filter(|(_, d)| *d > 0).filter_map(|(v, _)| v.1.as_deref()).collect();
+                let made = from_answers(conv, *session, &live, &answers, &params)
+                    .unwrap_or_else(|| session_events(conv, *session, &live, &params));
+                out.push((made, 1));
+            },
+        );
     let events = sessions.clone().flat_map(|((s, _, _), (events, _))| events.into_iter().map(move |e| (s.clone(), e)));
     let relations = sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r)));
     EventMemory { events, relations, requests }

@@ -65,10 +65,9 @@ where
     let labels = nodes.clone().iterate(|scope, inner| {
         let nodes = nodes.enter(scope);
         let links = links.enter(scope);
-        inner
-            .join_map(links, |_a, label, b| (b.clone(), label.clone()))
-            .concat(nodes)
-            .reduce(|_k, labels: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((labels[0].0.clone(), 1)))
+        inner.join_map(links, |_a, label, b| (b.clone(), label.clone())).concat(nodes).reduce(
+            |_k, labels: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((labels[0].0.clone(), 1)),
+        )
     });
     labels.map(|((s, id), group)| (s, id, group))
 }

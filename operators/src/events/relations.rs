@@ -9,8 +9,30 @@ use std::collections::BTreeSet;
 use crate::embed::words;
 use crate::llm::{EventIn, RelationDraft, RelationKind};
 
-const CAUSAL: &[&str] = &["because", "so that", "as a result", "therefore", "due to", "led to", "caused", "since then", "that's why", "which is why"];
-const MOTIVATION: &[&str] = &["in order to", "wants to", "want to", "wanted to", "plans to", "planning to", "decided to", "hoping to", "so i can", "goal"];
+const CAUSAL: &[&str] = &[
+    "because",
+    "so that",
+    "as a result",
+    "therefore",
+    "due to",
+    "led to",
+    "caused",
+    "since then",
+    "that's why",
+    "which is why",
+];
+const MOTIVATION: &[&str] = &[
+    "in order to",
+    "wants to",
+    "want to",
+    "wanted to",
+    "plans to",
+    "planning to",
+    "decided to",
+    "hoping to",
+    "so i can",
+    "goal",
+];
 
 fn content(text: &str) -> BTreeSet<String> {
     words(text).into_iter().filter(|w| w.len() > 3).collect()
@@ -56,7 +78,12 @@ mod tests {
 
     #[test]
     fn relations_from_order_cues_and_people() {
-        let e = |s: &str, p: &[&str]| EventIn { id: String::new(), summary: s.into(), people: p.iter().map(|x| x.to_string()).collect(), time: None };
+        let e = |s: &str, p: &[&str]| EventIn {
+            id: String::new(),
+            summary: s.into(),
+            people: p.iter().map(|x| x.to_string()).collect(),
+            time: None,
+        };
         let events = vec![
             e("Ana lost her job at the bakery downtown.", &["Ana"]),
             e("Ben talked about football.", &["Ben"]),

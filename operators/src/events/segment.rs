@@ -65,7 +65,11 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
             Some(g) => {
                 let gap = matches!((last_time, time), (Some(a), Some(b)) if b - a >= p.time_gap_secs);
                 let norm = centroid.iter().map(|x| x * x).sum::<f32>().sqrt();
-                let cos = if norm > 0.0 { vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm } else { 0.0 };
+                let cos = if norm > 0.0 {
+                    vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm
+                } else {
+                    0.0
+                };
                 gap || g.len() >= p.max_turns || (g.len() >= p.min_turns && cos < p.shift_below)
             }
         };
@@ -83,7 +87,8 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
         .into_iter()
         .map(|g| {
             let texts: Vec<&str> = g.iter().map(|&i| turns[i].text.as_str()).collect();
-            let people: BTreeSet<String> = g.iter().map(|&i| turns[i].speaker.clone()).filter(|s| !s.is_empty()).collect();
+            let people: BTreeSet<String> =
+                g.iter().map(|&i| turns[i].speaker.clone()).filter(|s| !s.is_empty()).collect();
             EventDraft {
                 summary: extractive_summary(&texts, p.summary_words),
                 people: people.into_iter().collect(),

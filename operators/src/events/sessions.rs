@@ -17,7 +17,12 @@ pub fn session_events(
     let drafts = extractive_segments(&input, p);
     let ins: Vec<EventIn> = drafts
         .iter()
-        .map(|d| EventIn { id: String::new(), summary: d.summary.clone(), people: d.people.clone(), time: d.time.clone() })
+        .map(|d| EventIn {
+            id: String::new(),
+            summary: d.summary.clone(),
+            people: d.people.clone(),
+            time: d.time.clone(),
+        })
         .collect();
     let rels = extractive_relations(&ins);
     rows(conversation, session, &input, drafts, rels)
@@ -49,7 +54,12 @@ pub(crate) fn from_answers(
         if let (Some(last), Some(first)) = (events.last(), tail_events.first()) {
             let mut evidence = last.turns.clone();
             evidence.extend(first.turns.iter().cloned());
-            relations.push(RelationRow { from: last.id.clone(), to: first.id.clone(), kind: RelationKind::Temporal, evidence });
+            relations.push(RelationRow {
+                from: last.id.clone(),
+                to: first.id.clone(),
+                kind: RelationKind::Temporal,
+                evidence,
+            });
         }
         events.extend(tail_events);
         relations.extend(tail_relations);
@@ -64,14 +74,24 @@ pub(crate) fn sorted_turns<'a>(turns: &[&'a crate::model::Node]) -> (Vec<&'a cra
     turns.sort_by(|a, b| a.pos.cmp(&b.pos).then_with(|| a.id.cmp(&b.id)));
     let input = turns
         .iter()
-        .map(|n| TurnIn { id: n.id.clone(), speaker: n.speaker.clone().unwrap_or_default(), text: n.text.clone(), ts: n.ts.clone() })
+        .map(|n| TurnIn {
+            id: n.id.clone(),
+            speaker: n.speaker.clone().unwrap_or_default(),
+            text: n.text.clone(),
+            ts: n.ts.clone(),
+        })
         .collect();
     (turns, input)
 }
 
 /// The events and relations of a session from a logged model answer, when it fits the turns exactly (every turn
 /// in exactly one event, in order; relation ends in range); `None` otherwise.
-pub fn answered_events(conversation: &str, session: i64, turns: &[&crate::model::Node], answer: &str) -> Option<(Vec<EventRow>, Vec<RelationRow>)> {
+pub fn answered_events(
+    conversation: &str,
+    session: i64,
+    turns: &[&crate::model::Node],
+    answer: &str,
+) -> Option<(Vec<EventRow>, Vec<RelationRow>)> {
     let a: SessionAnswer = serde_json::from_str(answer).ok()?;
     let (_, input) = sorted_turns(turns);
     let covered: Vec<usize> = a.events.iter().flat_map(|e| e.turns.iter().copied()).collect();
@@ -84,7 +104,13 @@ pub fn answered_events(conversation: &str, session: i64, turns: &[&crate::model:
     Some(rows(conversation, session, &input, a.events, a.relations))
 }
 
-fn rows(conversation: &str, session: i64, input: &[TurnIn], drafts: Vec<EventDraft>, rels: Vec<RelationDraft>) -> (Vec<EventRow>, Vec<RelationRow>) {
+fn rows(
+    conversation: &str,
+    session: i64,
+    input: &[TurnIn],
+    drafts: Vec<EventDraft>,
+    rels: Vec<RelationDraft>,
+) -> (Vec<EventRow>, Vec<RelationRow>) {
     let events: Vec<EventRow> = drafts
         .into_iter()
         .map(|d| {
@@ -135,7 +161,12 @@ mod live_answer_tests {
     fn answer_for(turns: &[&Node], summary: &str) -> String {
         let (_, input) = sorted_turns(turns);
         let a = SessionAnswer {
-            events: vec![EventDraft { turns: (0..input.len()).collect(), summary: summary.into(), people: vec![], time: None }],
+            events: vec![EventDraft {
+                turns: (0..input.len()).collect(),
+                summary: summary.into(),
+                people: vec![],
+                time: None,
+            }],
             relations: vec![],
             conversation: "m".into(),
             session: 0,
@@ -156,7 +187,9 @@ mod live_answer_tests {
         assert_eq!(events[0].turns, vec!["m#T0", "m#T1", "m#T2"]);
         let tail: Vec<String> = events[1..].iter().flat_map(|e| e.turns.clone()).collect();
         assert_eq!(tail, vec!["m#T3", "m#T4", "m#T5"], "the tail, extractive");
-        assert!(relations.iter().any(|r| r.from == events[0].id && r.to == events[1].id && r.kind == RelationKind::Temporal));
+        assert!(relations
+            .iter()
+            .any(|r| r.from == events[0].id && r.to == events[1].id && r.kind == RelationKind::Temporal));
         // The longest fitting prefix wins; an answer for all turns replaces the tail.
         let whole = answer_for(&all, "model: all six");
         let (events, _) = from_answers("m", 0, &all, &[first.as_str(), whole.as_str()], &p).unwrap();

@@ -79,7 +79,8 @@ where
     vectors
         .map(|(s, id, v)| (s, (id, v)))
         .reduce(|_s, events: &[(&(String, Vec<i16>), isize)], out: &mut Vec<((String, String), isize)>| {
-            let items: Vec<(&str, &[i16])> = events.iter().filter(|(_, d)| *d > 0).map(|(e, _)| (e.0.as_str(), e.1.as_slice())).collect();
+            let items: Vec<(&str, &[i16])> =
+                events.iter().filter(|(_, d)| *d > 0).map(|(e, _)| (e.0.as_str(), e.1.as_slice())).collect();
             for (i, t) in kmeans_topics(&items).into_iter().enumerate() {
                 out.push(((format!("T:{}", items[t].0), items[i].0.to_string()), 1));
             }

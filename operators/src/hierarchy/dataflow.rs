@@ -51,10 +51,8 @@ where
             .join_map(above, move |s, b, a| (s.clone(), p.keeps(*b as usize, *a as usize)))
             .filter(|(_, ok)| *ok)
             .map(|(s, _)| s);
-        let clusters = clusters
-            .map(|((s, c), m)| (s, (c, m)))
-            .semijoin(shrinks.clone())
-            .map(move |(s, (c, m))| (s, layer, c, m));
+        let clusters =
+            clusters.map(|((s, c), m)| (s, (c, m))).semijoin(shrinks.clone()).map(move |(s, (c, m))| (s, layer, c, m));
         nodes = next_nodes.map(|(s, c)| (s, c)).semijoin(shrinks.clone()).map(|(s, c)| (s, c));
         edges = next_edges.map(|(s, u, v, w)| (s, (u, v, w))).semijoin(shrinks).map(|(s, (u, v, w))| (s, u, v, w));
         layers.push(clusters.clone().map(|(s, _, c, m)| (s, c, m)));
@@ -92,24 +90,27 @@ where
             ((s.clone(), (u.clone(), cu.clone())), ((v.clone(), cv.clone()), *w))
         });
     let with_edges = adj_keys(pairs);
-    let isolated = nodes
-        .map(|(s, v)| ((s, v), ()))
-        .antijoin(with_edges)
-        .map(|((s, v), ())| (s, (v, String::new())));
+    let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, String::new())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
     let labels = label_propagation(replicas, radj, params.lpa_rounds);
     let max = params.max_cluster_size;
     labels
         .map(|((s, r), l)| ((s, l), r))
-        .reduce(move |_k: &(String, Replica), reps: &[(&Replica, isize)], out: &mut Vec<((Vec<String>, Replica), isize)>| {
-            let reps: Vec<&Replica> = reps.iter().map(|(r, _)| *r).collect();
-            for (anchor, part) in anchors(&reps, max) {
-                out.push(((part.into_iter().map(str::to_string).collect(), anchor.clone()), 1));
-            }
-        })
+        .reduce(
+            move |_k: &(String, Replica),
+                  reps: &[(&Replica, isize)],
+                  out: &mut Vec<((Vec<String>, Replica), isize)>| {
+                let reps: Vec<&Replica> = reps.iter().map(|(r, _)| *r).collect();
+                for (anchor, part) in anchors(&reps, max) {
+                    out.push(((part.into_iter().map(str::to_string).collect(), anchor.clone()), 1));
+                }
+            },
+        )
         // Identical member sets (from different labels) are one cluster, named by the smaller anchor.
         .map(|((s, _l), (members, anchor))| ((s, members), anchor))
-        .reduce(|_k, anchors: &[(&Replica, isize)], out: &mut Vec<(Replica, isize)>| out.push((anchors[0].0.clone(), 1)))
+        .reduce(|_k, anchors: &[(&Replica, isize)], out: &mut Vec<(Replica, isize)>| {
+            out.push((anchors[0].0.clone(), 1))
+        })
         .flat_map(move |((s, members), anchor)| {
             let id = cluster_id(layer, &anchor);
             members.into_iter().map(move |m| ((s.clone(), id.clone()), m))
@@ -129,23 +130,28 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     let mut spaces: HashMap<String, Ego> = HashMap::new();
-    per_space_in_time_order(edges, "EgoNetworks", |(s, _, _, _)| s, move |space, rows| {
-        let ego = spaces.entry(space.to_string()).or_default();
-        let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
-        if ego.is_empty() {
-            spaces.remove(space);
-        }
-        let mut out = Vec::new();
-        for (v, a, old, new) in changes {
-            if let Some(c) = old {
-                out.push((((space.to_string(), v.clone(), a.clone()), c), -1));
+    per_space_in_time_order(
+        edges,
+        "EgoNetworks",
+        |(s, _, _, _)| s,
+        move |space, rows| {
+            let ego = spaces.entry(space.to_string()).or_default();
+            let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
+            if ego.is_empty() {
+                spaces.remove(space);
             }
-            if let Some(c) = new {
-                out.push((((space.to_string(), v, a), c), 1));
+            let mut out = Vec::new();
+            for (v, a, old, new) in changes {
+                if let Some(c) = old {
+                    out.push((((space.to_string(), v.clone(), a.clone()), c), -1));
+                }
+                if let Some(c) = new {
+                    out.push((((space.to_string(), v, a), c), 1));
+                }
             }
-        }
-        out
-    })
+            out
+        },
+    )
 }
 
 /// Label propagation over one layer's replica graph, as a stateful operator per space ([`Lpa`]): it keeps the
@@ -164,27 +170,30 @@ fn label_propagation<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    let rows = replicas
-        .map(|(s, r)| (s, r, None))
-        .concat(radj.map(|((s, x), (y, w))| (s, x, Some((y, w)))));
+    let rows = replicas.map(|(s, r)| (s, r, None)).concat(radj.map(|((s, x), (y, w))| (s, x, Some((y, w)))));
     let mut spaces: HashMap<String, Lpa> = HashMap::new();
-    per_space_in_time_order(rows, "LabelPropagation", |(s, _, _)| s, move |space, rows| {
-        let lpa = spaces.entry(space.to_string()).or_insert_with(|| Lpa::new(rounds));
-        let changes = lpa.apply(rows.into_iter().map(|((_, x, e), d)| ((x, e), d)).collect());
-        if lpa.is_empty() {
-            spaces.remove(space);
-        }
-        let mut out = Vec::new();
-        for (r, old, new) in changes {
-            if let Some(l) = old {
-                out.push((((space.to_string(), r.clone()), l), -1));
+    per_space_in_time_order(
+        rows,
+        "LabelPropagation",
+        |(s, _, _)| s,
+        move |space, rows| {
+            let lpa = spaces.entry(space.to_string()).or_insert_with(|| Lpa::new(rounds));
+            let changes = lpa.apply(rows.into_iter().map(|((_, x, e), d)| ((x, e), d)).collect());
+            if lpa.is_empty() {
+                spaces.remove(space);
             }
-            if let Some(l) = new {
-                out.push((((space.to_string(), r), l), 1));
+            let mut out = Vec::new();
+            for (r, old, new) in changes {
+                if let Some(l) = old {
+                    out.push((((space.to_string(), r.clone()), l), -1));
+                }
+                if let Some(l) = new {
+                    out.push((((space.to_string(), r), l), 1));
+                }
             }
-        }
-        out
-    })
+            out
+        },
+    )
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>
@@ -208,17 +217,18 @@ where
         .clone()
         .join_map(member_of.clone(), |(s, _m), a, b| (s.clone(), a.clone(), b.clone()))
         .filter(|(_, a, b)| a < b);
-    let joined = edges
-        .map(|(s, u, v, _)| ((s, u), v))
-        .join_map(member_of.clone(), |(s, _u), v, a| ((s.clone(), v.clone()), a.clone()))
-        .join_map(member_of, |(s, _v), a, b| {
-            if a < b {
-                (s.clone(), a.clone(), b.clone())
-            } else {
-                (s.clone(), b.clone(), a.clone())
-            }
-        })
-        .filter(|(_, a, b)| a != b);
+    let joined =
+        edges
+            .map(|(s, u, v, _)| ((s, u), v))
+            .join_map(member_of.clone(), |(s, _u), v, a| ((s.clone(), v.clone()), a.clone()))
+            .join_map(member_of, |(s, _v), a, b| {
+                if a < b {
+                    (s.clone(), a.clone(), b.clone())
+                } else {
+                    (s.clone(), b.clone(), a.clone())
+                }
+            })
+            .filter(|(_, a, b)| a != b);
     let edges = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, n as u64));
     (nodes, edges)
 }
@@ -263,27 +273,31 @@ where
         let content = member_of
             .map(|((s, m), c)| ((s, c), (m, None::<String>)))
             .concat(with_text)
-            .reduce(|_k, vals: &[(&(String, Option<String>), isize)], out: &mut Vec<((String, Vec<(String, String)>), isize)>| {
-                // Sorted by member, `None` before `Some`: each member must have a text.
-                let mut members: Vec<(String, String)> = Vec::new();
-                let mut ids = 0;
-                let mut last: Option<&str> = None;
-                for ((m, t), _) in vals {
-                    if last != Some(m.as_str()) {
-                        ids += 1;
-                        last = Some(m);
-                    }
-                    if let Some(t) = t {
-                        if members.last().is_none_or(|(pm, _)| pm != m) {
-                            members.push((m.clone(), t.clone()));
+            .reduce(
+                |_k,
+                 vals: &[(&(String, Option<String>), isize)],
+                 out: &mut Vec<((String, Vec<(String, String)>), isize)>| {
+                    // Sorted by member, `None` before `Some`: each member must have a text.
+                    let mut members: Vec<(String, String)> = Vec::new();
+                    let mut ids = 0;
+                    let mut last: Option<&str> = None;
+                    for ((m, t), _) in vals {
+                        if last != Some(m.as_str()) {
+                            ids += 1;
+                            last = Some(m);
+                        }
+                        if let Some(t) = t {
+                            if members.last().is_none_or(|(pm, _)| pm != m) {
+                                members.push((m.clone(), t.clone()));
+                            }
                         }
                     }
-                }
-                if members.len() == ids {
-                    let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
-                    out.push(((crate::request::summary_key(&refs), members), 1));
-                }
-            })
+                    if members.len() == ids {
+                        let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
+                        out.push(((crate::request::summary_key(&refs), members), 1));
+                    }
+                },
+            )
             .map(|((s, c), (h, ms))| ((s, h), (c, ms)));
         // Above layer 1 a cluster of one member says what its member says: it takes the member's summary, with no
         // request (summarising one summary again only paraphrases it). Upper layers are full of them — a cluster
@@ -303,9 +317,7 @@ where
             summarized = summarized.concat(single);
         }
         requests.push(
-            content
-                .antijoin(summaries.clone().map(|(k, _)| k))
-                .map(move |((s, h), (c, ms))| (s, layer, c, h, ms)),
+            content.antijoin(summaries.clone().map(|(k, _)| k)).map(move |((s, h), (c, ms))| (s, layer, c, h, ms)),
         );
         texts.push(summarized.clone().map(move |(k, t)| (k, (layer, t))));
         below = summarized;

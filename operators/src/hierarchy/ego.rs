@@ -118,7 +118,8 @@ impl Ego {
                 let (ra, rb) = (find_root(&mut parent, i), find_root(&mut parent, (j - 1) as usize));
                 if ra != rb {
                     // The root is the member with the smaller name, so a root names its component.
-                    let (lo, hi) = if self.slots.key(nbrs[ra]) < self.slots.key(nbrs[rb]) { (ra, rb) } else { (rb, ra) };
+                    let (lo, hi) =
+                        if self.slots.key(nbrs[ra]) < self.slots.key(nbrs[rb]) { (ra, rb) } else { (rb, ra) };
                     parent[hi] = lo;
                 }
             }
@@ -187,14 +188,18 @@ mod tests {
                 }
                 let mut want: BTreeMap<(String, String), String> = BTreeMap::new();
                 for (v, nbrs) in &adj {
-                    let links = nbrs.iter().flat_map(|a| adj[a].iter().filter(|b| nbrs.contains(*b)).map(move |b| (*a, *b)));
+                    let links =
+                        nbrs.iter().flat_map(|a| adj[a].iter().filter(|b| nbrs.contains(*b)).map(move |b| (*a, *b)));
                     for (a, c) in crate::hierarchy::ego_components(nbrs.iter().copied(), links) {
                         want.insert((v.to_string(), a.to_string()), c.to_string());
                     }
                 }
                 assert_eq!(rows, want, "seed {seed}");
             }
-            assert!(rows.values().collect::<BTreeSet<_>>().len() < rows.len(), "some components hold several neighbours");
+            assert!(
+                rows.values().collect::<BTreeSet<_>>().len() < rows.len(),
+                "some components hold several neighbours"
+            );
         }
     }
 }

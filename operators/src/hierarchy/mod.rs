@@ -236,7 +236,8 @@ pub fn ego_components<'a>(
 ) -> std::collections::BTreeMap<&'a str, &'a str> {
     use std::collections::BTreeMap;
     // Neighbours in name order, so that the smaller index is the smaller name.
-    let index: BTreeMap<&str, usize> = neighbours.collect::<std::collections::BTreeSet<_>>().into_iter().zip(0..).collect();
+    let index: BTreeMap<&str, usize> =
+        neighbours.collect::<std::collections::BTreeSet<_>>().into_iter().zip(0..).collect();
     let names: Vec<&str> = index.keys().copied().collect();
     let mut parent: Vec<usize> = (0..names.len()).collect();
     for (a, b) in links {
@@ -302,8 +303,16 @@ mod tests {
         for n in [13, 25, 60, 400] {
             let ps = parts(&sorted[..n], 12);
             assert_eq!(ps.concat(), sorted[..n].to_vec(), "parts keep every member, in order");
-            assert!(ps.iter().all(|p| !p.is_empty() && p.len() <= 12), "{n}: sizes {:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
-            assert!(ps.iter().all(|p| p.len() >= 3), "{n}: a tiny part: {:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
+            assert!(
+                ps.iter().all(|p| !p.is_empty() && p.len() <= 12),
+                "{n}: sizes {:?}",
+                ps.iter().map(Vec::len).collect::<Vec<_>>()
+            );
+            assert!(
+                ps.iter().all(|p| p.len() >= 3),
+                "{n}: a tiny part: {:?}",
+                ps.iter().map(Vec::len).collect::<Vec<_>>()
+            );
         }
         // One member more changes at most two parts of a large cluster (equal parts would change nearly all).
         let before = parts(&sorted[..300], 12);
@@ -344,6 +353,10 @@ mod tests {
         long.sort();
         let ps = parts(&long, 12);
         assert_eq!(ps.concat(), long);
-        assert!(ps.len() >= 9 && ps.iter().all(|p| (3..=12).contains(&p.len())), "{:?}", ps.iter().map(Vec::len).collect::<Vec<_>>());
+        assert!(
+            ps.len() >= 9 && ps.iter().all(|p| (3..=12).contains(&p.len())),
+            "{:?}",
+            ps.iter().map(Vec::len).collect::<Vec<_>>()
+        );
     }
 }

@@ -42,7 +42,9 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     let mut comp: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     for (v, nbrs) in &adj {
         let links = nbrs.keys().flat_map(|a| {
-            adj.get(a).into_iter().flat_map(move |an| an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (*a, *b)))
+            adj.get(a)
+                .into_iter()
+                .flat_map(move |an| an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (*a, *b)))
         });
         for (a, c) in ego_components(nbrs.keys().copied(), links) {
             comp.insert((v, a), c);

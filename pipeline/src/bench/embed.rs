@@ -10,10 +10,12 @@ use super::{load_nodes, BenchArgs};
 use crate::config::Config;
 
 pub(super) fn embed_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
-    let texts: Vec<String> = load_nodes(args, config)?.into_iter().filter(|d| d.2 > 0).map(|d| d.1.embedding_text()).collect();
+    let texts: Vec<String> =
+        load_nodes(args, config)?.into_iter().filter(|d| d.2 > 0).map(|d| d.1.embedding_text()).collect();
     anyhow::ensure!(!texts.is_empty(), "no chunks in the inputs");
     let words = texts.iter().map(|t| t.split_whitespace().count()).sum::<usize>() as f64 / texts.len() as f64;
-    let mut embedders: Vec<(&str, usize, Arc<dyn Embedder>)> = vec![("hash", 0, Arc::new(HashEmbedder::new(config.embedder.dim)))];
+    let mut embedders: Vec<(&str, usize, Arc<dyn Embedder>)> =
+        vec![("hash", 0, Arc::new(HashEmbedder::new(config.embedder.dim)))];
     #[cfg(feature = "local-embedder")]
     if let Some(dir) = &args.model_dir {
         for batch in [1usize, 8, 32] {
@@ -40,8 +42,14 @@ pub(super) fn embed_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<E
             "bench": "embed", "embedder": kind, "batch": batch, "dim": e.dim(), "texts": n,
             "mean_words": words, "seconds": secs, "embeddings_per_second": n as f64 / secs,
         });
-        println!("{}", if args.json { row.to_string() } else { format!("{kind:>5} batch {batch:>2}: {:>9.1} embeddings/s ({n} texts of {words:.0} words on average, {secs:.1} s, dim {})", n as f64 / secs, e.dim()) });
+        println!(
+            "{}",
+            if args.json {
+                row.to_string()
+            } else {
+                format!("{kind:>5} batch {batch:>2}: {:>9.1} embeddings/s ({n} texts of {words:.0} words on average, {secs:.1} s, dim {})", n as f64 / secs, e.dim())
+            }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
-

@@ -272,7 +272,14 @@ pub(super) fn hierarchy_bench(args: &BenchArgs, config: &Config) -> anyhow::Resu
 }
 
 /// One batch's point: its cost against the rebuild's.
-fn batch_point(size: usize, b: usize, m: &Measured, rebuild: &Measured, shape: &[i64], workers: usize) -> serde_json::Value {
+fn batch_point(
+    size: usize,
+    b: usize,
+    m: &Measured,
+    rebuild: &Measured,
+    shape: &[i64],
+    workers: usize,
+) -> serde_json::Value {
     serde_json::json!({
         "bench": "hierarchy", "memory_chunks": size, "batch": b, "insert_seconds": m.seconds,
         "rebuild_seconds": rebuild.seconds, "speedup": rebuild.seconds / m.seconds,
@@ -314,4 +321,3 @@ fn print_points(points: impl Iterator<Item = serde_json::Value>, json: bool) {
         }
     }
 }
-

@@ -29,9 +29,11 @@ pub(super) fn ingest(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCo
     }
     // The yardstick: hnsw_rs alone, inserting the same vectors with the same parameters, one thread, same clock.
     let embedder = HashEmbedder::new(config.embedder.dim);
-    let vectors: Vec<Vec<f32>> = deltas.iter().filter(|d| d.2 > 0).map(|d| embedder.embed(&d.1.embedding_text()).0).collect();
+    let vectors: Vec<Vec<f32>> =
+        deltas.iter().filter(|d| d.2 > 0).map(|d| embedder.embed(&d.1.embedding_text()).0).collect();
     let t = Instant::now();
-    let hnsw: Hnsw<f32, UnitCosine> = Hnsw::new(params.max_connections, vectors.len().max(1024), 16, params.ef_construction, UnitCosine);
+    let hnsw: Hnsw<f32, UnitCosine> =
+        Hnsw::new(params.max_connections, vectors.len().max(1024), 16, params.ef_construction, UnitCosine);
     for (i, v) in vectors.iter().enumerate() {
         if v.iter().any(|x| *x != 0.0) {
             hnsw.insert_slice((v, i));

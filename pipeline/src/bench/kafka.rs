@@ -28,14 +28,21 @@ pub(super) fn kafka_bench(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let mut cc = rdkafka::ClientConfig::new();
     cc.set("bootstrap.servers", &args.brokers);
     let admin: AdminClient<DefaultClientContext> = cc.create()?;
-    for r in rt.block_on(admin.create_topics(&[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &AdminOptions::new()))? {
+    for r in
+        rt.block_on(admin.create_topics(&[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &AdminOptions::new()))?
+    {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
     let producer: ThreadedProducer<DefaultProducerContext> = cc.clone().set("linger.ms", "20").create()?;
     let started = Instant::now();
     let keys: Vec<String> = lines
         .iter()
-        .map(|l| serde_json::from_slice::<serde_json::Value>(l).ok().and_then(|v| v["space"].as_str().map(str::to_string)).unwrap_or_else(|| "bench".into()))
+        .map(|l| {
+            serde_json::from_slice::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["space"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "bench".into())
+        })
         .collect();
     for (l, key) in lines.iter().zip(&keys) {
         let mut rec = BaseRecord::to(&topic).key(key.as_str()).payload(l.as_slice());
@@ -60,8 +67,15 @@ pub(super) fn kafka_bench(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         Ok(started.elapsed().as_secs_f64())
     };
     let kafka = drain(Box::new(
-        connectors::kafka::KafkaSource::new(&args.brokers, &format!("{topic}-g"), std::slice::from_ref(&topic), connectors::kafka::Share::ALL, &Default::default(), None)
-            .map_err(|e| anyhow::anyhow!(e))?,
+        connectors::kafka::KafkaSource::new(
+            &args.brokers,
+            &format!("{topic}-g"),
+            std::slice::from_ref(&topic),
+            connectors::kafka::Share::ALL,
+            &Default::default(),
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!(e))?,
     ))?;
     let file = if inputs.len() == 1 { Some(drain(Box::new(FileSource::new(&inputs[0], false)))?) } else { None };
     let row = serde_json::json!({"bench": "kafka", "records": n, "produce_per_second": n as f64 / produce,
@@ -69,4 +83,3 @@ pub(super) fn kafka_bench(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     println!("{}", if args.json { row.to_string() } else { serde_json::to_string_pretty(&row)? });
     Ok(ExitCode::SUCCESS)
 }
-

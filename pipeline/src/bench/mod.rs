@@ -130,7 +130,6 @@ pub(super) fn load_nodes(args: &BenchArgs, config: &Config) -> anyhow::Result<Ve
     Ok(out)
 }
 
-
 /// Probes every output of the memory, so that a measured epoch is one the whole memory has finished.
 pub(super) fn probe_all<'s>(
     m: operators::memory::Memory<'s, u64>,

@@ -62,11 +62,19 @@ impl OperatorProfile {
             let mut segs: Vec<f64> = vec![0.0];
             let busy_map: std::collections::HashMap<usize, Duration> = busy.iter().copied().collect();
             for id in ids {
-                if id == 0 { continue; }
-                if st.names[&id].starts_with("EgoNetworks") { seg += 1; segs.push(0.0); }
+                if id == 0 {
+                    continue;
+                }
+                if st.names[&id].starts_with("EgoNetworks") {
+                    seg += 1;
+                    segs.push(0.0);
+                }
                 segs[seg] += busy_map.get(&id).map_or(0.0, Duration::as_secs_f64);
             }
-            eprintln!("  by layer stretch: {:?}", segs.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+            eprintln!(
+                "  by layer stretch: {:?}",
+                segs.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+            );
         }
         let mut by_name: std::collections::HashMap<&str, (Duration, usize)> = Default::default();
         for (id, d) in &busy {

@@ -52,18 +52,23 @@ pub(super) fn theta(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             best.push(b_best);
         }
         let mut row = serde_json::json!({"bench": "theta", "space": space, "nodes": n});
-        for (name, v) in [("random_cross_cos", &mut random), ("best_cross_cos", &mut best), ("adjacent_score", &mut adjacent)] {
+        for (name, v) in
+            [("random_cross_cos", &mut random), ("best_cross_cos", &mut best), ("adjacent_score", &mut adjacent)]
+        {
             row[name] = serde_json::json!({"p10": pct(v, 0.1), "p50": pct(v, 0.5), "p90": pct(v, 0.9)});
         }
         let mut per_theta = serde_json::Map::new();
         for t in [0.1f32, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6] {
             let p = SimilarityParams { theta: t, ..params.clone() };
             let edges = operators::similarity::reference_edges(&p, nodes);
-            let cross = edges.iter().filter(|(u, v, _)| {
-                let du = nodes.iter().find(|x| &x.0.id == u).map(|x| &x.0.doc);
-                let dv = nodes.iter().find(|x| &x.0.id == v).map(|x| &x.0.doc);
-                du != dv
-            }).count();
+            let cross = edges
+                .iter()
+                .filter(|(u, v, _)| {
+                    let du = nodes.iter().find(|x| &x.0.id == u).map(|x| &x.0.doc);
+                    let dv = nodes.iter().find(|x| &x.0.id == v).map(|x| &x.0.doc);
+                    du != dv
+                })
+                .count();
             per_theta.insert(format!("{t}"), serde_json::json!({"edges_per_node": edges.len() as f64 / n as f64, "cross_doc_share": cross as f64 / edges.len().max(1) as f64}));
         }
         row["by_theta"] = serde_json::Value::Object(per_theta);
@@ -71,4 +76,3 @@ pub(super) fn theta(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     }
     Ok(ExitCode::SUCCESS)
 }
-

@@ -78,7 +78,6 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     while worker.step() {}
 }
 
-
 /// Feeds one epoch's items: records as node deltas, rejects as error rows, logged replies, and each source's
 /// highest position (retracting the one fed before it).
 fn feed(inputs: &mut Inputs, ingestor: &mut Ingestor, fed: &mut HashMap<String, u64>, items: Vec<Item>) {

@@ -28,13 +28,21 @@ impl Shared {
         }
         let Some(reply) = call(self.llm.as_ref())? else { return Ok(None) };
         let text = serde_json::to_string(&reply).map_err(|e| LlmError::BadReply(e.to_string()))?;
-        let logged = LoggedResponse { model: self.llm.model().to_string(), space: space.to_string(), key: key.clone(), response: text.clone(), covers: None };
+        let logged = LoggedResponse {
+            model: self.llm.model().to_string(),
+            space: space.to_string(),
+            key: key.clone(),
+            response: text.clone(),
+            covers: None,
+        };
         match self.response_log.lock().expect("response log lock").append(std::slice::from_ref(&logged)) {
             Ok(()) => {
                 self.outputs.responses(std::slice::from_ref(&logged));
                 self.answers.lock().expect("answers lock").insert((space.to_string(), key), text);
             }
-            Err(e) => tracing::error!(error = %e, stage, "could not append a query-time reply to the response log; it is not kept"),
+            Err(e) => {
+                tracing::error!(error = %e, stage, "could not append a query-time reply to the response log; it is not kept")
+            }
         }
         Ok(Some(reply))
     }
@@ -45,7 +53,6 @@ impl Shared {
         inputs.extend_from_slice(evidence);
         self.remember(space, "answer", &inputs, |llm| llm.answer(question, evidence))
     }
-
 }
 
 /// The model's part in one query's retrieval (`query::Guide`), every call logged under the space.
@@ -58,7 +65,9 @@ impl crate::query::Guide for ModelGuide<'_> {
     fn select(&self, question: &str, candidates: &[&str]) -> Result<Option<Vec<usize>>, String> {
         let mut inputs = vec![question];
         inputs.extend_from_slice(candidates);
-        self.shared.remember(self.space, "select", &inputs, |llm| llm.select(question, candidates)).map_err(|e| e.to_string())
+        self.shared
+            .remember(self.space, "select", &inputs, |llm| llm.select(question, candidates))
+            .map_err(|e| e.to_string())
     }
 
     fn plan(&self, question: &str) -> Result<Option<Vec<String>>, String> {
@@ -68,7 +77,8 @@ impl crate::query::Guide for ModelGuide<'_> {
     fn explore(&self, question: &str, subgoal: &str, events: &[&str]) -> Result<Option<Vec<Explore>>, String> {
         let mut inputs = vec![question, subgoal];
         inputs.extend_from_slice(events);
-        self.shared.remember(self.space, "explore", &inputs, |llm| llm.explore(question, subgoal, events)).map_err(|e| e.to_string())
+        self.shared
+            .remember(self.space, "explore", &inputs, |llm| llm.explore(question, subgoal, events))
+            .map_err(|e| e.to_string())
     }
 }
-

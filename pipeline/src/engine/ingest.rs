@@ -33,7 +33,11 @@ impl Shared {
 
     /// HTTP ingest: validates every record, appends the valid ones to the input log (fsync'd) and queues them.
     /// The receipt names the epoch that will hold them; it is returned only after the log append.
-    pub fn ingest_http(&self, space: &str, raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>>) -> Result<Receipt, IngestError> {
+    pub fn ingest_http(
+        &self,
+        space: &str,
+        raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>>,
+    ) -> Result<Receipt, IngestError> {
         let mut accepted = Vec::new();
         let mut rejects = Vec::new();
         let mut rejected = Vec::new();
@@ -77,7 +81,12 @@ impl Shared {
 
     /// Appends `logged` to the input log (one fsync), stamped with the open epoch, then queues `items` at that
     /// epoch: what is queued is durable first. Returns the epoch.
-    pub(super) fn log_and_queue(&self, q: &mut Queue, mut logged: Vec<LoggedRecord>, items: Vec<Item>) -> std::io::Result<u64> {
+    pub(super) fn log_and_queue(
+        &self,
+        q: &mut Queue,
+        mut logged: Vec<LoggedRecord>,
+        items: Vec<Item>,
+    ) -> std::io::Result<u64> {
         let epoch = q.open_epoch;
         if !logged.is_empty() {
             for l in &mut logged {
@@ -97,7 +106,11 @@ impl Shared {
     /// A batch from a source: rejects are dead-lettered; the rest are appended to the input log with their
     /// positions (so that a restart replays them in order and the source resumes after them) and queued.
     /// Returns the epoch that holds the batch and the highest position of each source in it.
-    pub fn ingest_source(&self, kind: &str, records: Vec<connectors::SourceRecord>) -> std::io::Result<(u64, Vec<connectors::Position>)> {
+    pub fn ingest_source(
+        &self,
+        kind: &str,
+        records: Vec<connectors::SourceRecord>,
+    ) -> std::io::Result<(u64, Vec<connectors::Position>)> {
         let n = records.len();
         let mut last: BTreeMap<String, connectors::Position> = BTreeMap::new();
         for r in &records {
@@ -122,12 +135,15 @@ impl Shared {
                     });
                     items.push(Item::Record(rec));
                 }
-                Err(e) => items.push(Item::Reject(self.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload))),
+                Err(e) => {
+                    items.push(Item::Reject(self.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload)))
+                }
             }
         }
         for p in last.values() {
             // Mark each source's batch end, so that rejected last records are not read (and dead-lettered) again.
-            let logged_max = logged.iter().filter(|l| l.source.as_ref() == Some(&p.source)).filter_map(|l| l.offset).max();
+            let logged_max =
+                logged.iter().filter(|l| l.source.as_ref() == Some(&p.source)).filter_map(|l| l.offset).max();
             if logged_max != Some(p.offset) {
                 logged.push(LoggedRecord {
                     epoch: 0,

@@ -103,4 +103,3 @@ pub fn make_embedder(config: &Config, metrics: &Metrics, dir: &std::path::Path) 
     };
     Ok(Arc::new(Instrumented::new(inner, kind, metrics.embedder.clone())))
 }
-

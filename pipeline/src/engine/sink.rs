@@ -117,66 +117,65 @@ fn views_sink<'s>(
     shared: Arc<Shared>,
 ) -> timely::dataflow::operators::probe::Handle<u64> {
     let embedder = shared.embedder.clone();
-        let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
-        // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
-        let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
-        let mut last_as_of: Option<u64> = None;
-        type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
-        let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
-            Exchange::new(|_: &(ViewUpdate, u64, isize)| 0),
-            "Views",
-            move |initial, _info| {
-                drop(initial);
-                move |(input, frontier), _output| {
-            input.for_each(|cap, data| {
-                if let Some(c) = cap.retain_least(0) {
-                    held.entry(*c.time()).or_insert(c);
-                }
-                for (u, t, d) in data.drain(..) {
-                    pending.entry(t).or_default().push((u, d));
-                }
-            });
-            if index != 0 {
-                return;
-            }
-            let lower = frontier.frontier().iter().min().copied();
-            let as_of = match lower {
-                Some(f) => f.checked_sub(1),
-                None => pending.keys().next_back().copied().max(last_as_of),
-            };
-            let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
-            if ready.is_empty() && as_of == last_as_of {
-                held.retain(|t, _| lower.is_some_and(|f| *t >= f));
-                return;
-            }
-            {
-                let mut views = shared.views.write().expect("views lock");
-                for t in ready {
-                    let mut updates = pending.remove(&t).expect("ready time");
-                    if shared.outputs.wants_changes() {
-                        differential_dataflow::consolidation::consolidate(&mut updates);
-                        shared.outputs.changes(t, &updates);
+    let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
+    // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
+    let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
+    let mut last_as_of: Option<u64> = None;
+    type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
+    let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
+        Exchange::new(|_: &(ViewUpdate, u64, isize)| 0),
+        "Views",
+        move |initial, _info| {
+            drop(initial);
+            move |(input, frontier), _output| {
+                input.for_each(|cap, data| {
+                    if let Some(c) = cap.retain_least(0) {
+                        held.entry(*c.time()).or_insert(c);
                     }
-                    views.apply_with(updates, &|text| embedder.embed(text));
+                    for (u, t, d) in data.drain(..) {
+                        pending.entry(t).or_default().push((u, d));
+                    }
+                });
+                if index != 0 {
+                    return;
                 }
-                views.as_of = as_of.max(views.as_of);
-                shared.metrics.nodes.set(views.node_count() as i64);
-                shared.metrics.edges.set(views.edge_count() as i64);
-                shared.metrics.spaces.set(views.spaces.len() as i64);
-                shared.metrics.clusters.set(views.cluster_count() as i64);
-                shared.metrics.summary_backlog.set(views.request_count() as i64);
-            }
-            last_as_of = as_of.max(last_as_of);
-            if let Some(a) = last_as_of {
-                shared.advanced(a);
-                shared.as_of.send_replace(Some(a));
-            }
-            // Everything below the frontier is applied.
-            held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+                let lower = frontier.frontier().iter().min().copied();
+                let as_of = match lower {
+                    Some(f) => f.checked_sub(1),
+                    None => pending.keys().next_back().copied().max(last_as_of),
+                };
+                let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
+                if ready.is_empty() && as_of == last_as_of {
+                    held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+                    return;
                 }
-            },
-        );
-        let (views, _) = timely::dataflow::operators::probe::Probe::probe(applied);
-        views
+                {
+                    let mut views = shared.views.write().expect("views lock");
+                    for t in ready {
+                        let mut updates = pending.remove(&t).expect("ready time");
+                        if shared.outputs.wants_changes() {
+                            differential_dataflow::consolidation::consolidate(&mut updates);
+                            shared.outputs.changes(t, &updates);
+                        }
+                        views.apply_with(updates, &|text| embedder.embed(text));
+                    }
+                    views.as_of = as_of.max(views.as_of);
+                    shared.metrics.nodes.set(views.node_count() as i64);
+                    shared.metrics.edges.set(views.edge_count() as i64);
+                    shared.metrics.spaces.set(views.spaces.len() as i64);
+                    shared.metrics.clusters.set(views.cluster_count() as i64);
+                    shared.metrics.summary_backlog.set(views.request_count() as i64);
+                }
+                last_as_of = as_of.max(last_as_of);
+                if let Some(a) = last_as_of {
+                    shared.advanced(a);
+                    shared.as_of.send_replace(Some(a));
+                }
+                // Everything below the frontier is applied.
+                held.retain(|t, _| lower.is_some_and(|f| *t >= f));
+            }
+        },
+    );
+    let (views, _) = timely::dataflow::operators::probe::Probe::probe(applied);
+    views
 }
-

@@ -9,7 +9,11 @@ use connectors::{Source, SourceBatch};
 use super::state::Shared;
 
 /// Reads a source on a thread of its own, parsing into the queue; backs off while the queue is full.
-pub(super) fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kind: &'static str) -> std::thread::JoinHandle<()> {
+pub(super) fn spawn_source(
+    shared: Arc<Shared>,
+    mut source: Box<dyn Source>,
+    kind: &'static str,
+) -> std::thread::JoinHandle<()> {
     shared.source_live(1);
     std::thread::Builder::new()
         .name(format!("engram-source-{kind}"))
@@ -52,4 +56,3 @@ pub(super) fn spawn_source(shared: Arc<Shared>, mut source: Box<dyn Source>, kin
         })
         .expect("spawn source thread")
 }
-

@@ -97,7 +97,11 @@ impl Shared {
     /// out) and the dead-letter file. Process `p > 0` of a cluster keeps its files in `DATA_DIR/process-p`, so that
     /// processes sharing a disk stay apart.
     pub fn open(config: Config, place: Place) -> anyhow::Result<Arc<Shared>> {
-        let dir = if place.leads() { config.data_dir.clone() } else { config.data_dir.join(format!("process-{}", place.process)) };
+        let dir = if place.leads() {
+            config.data_dir.clone()
+        } else {
+            config.data_dir.join(format!("process-{}", place.process))
+        };
         std::fs::create_dir_all(&dir)?;
         let log_path = dir.join("input.log");
         let replay = InputLog::replay(&log_path)?;
@@ -107,19 +111,25 @@ impl Shared {
         let input_log = InputLog::open(&log_path)?;
         let metrics = Metrics::new();
         // Only process 0 asks the model; the others never call it.
-        let llm: Arc<dyn Llm> =
-            if place.leads() { make_llm(&config, &metrics)? } else { Arc::new(Extractive { max_words: config.hierarchy.summary_words }) };
+        let llm: Arc<dyn Llm> = if place.leads() {
+            make_llm(&config, &metrics)?
+        } else {
+            Arc::new(Extractive { max_words: config.hierarchy.summary_words })
+        };
         let embedder = make_embedder(&config, &metrics, &dir)?;
         // Logged responses of the configured model are inputs like records: no call is made for them again.
         let responses_path = dir.join("responses.log");
         let mut responses = ResponseLog::replay(&responses_path)?;
         // The response log topic, when configured, holds what an earlier pod logged.
-        let from_topic = if place.leads() { crate::outputs::Outputs::read_responses(&config.kafka)? } else { Vec::new() };
+        let from_topic =
+            if place.leads() { crate::outputs::Outputs::read_responses(&config.kafka)? } else { Vec::new() };
         if !from_topic.is_empty() {
             let known: HashSet<(String, String, String)> =
                 responses.records.iter().map(|r| (r.model.clone(), r.space.clone(), r.key.clone())).collect();
-            let new: Vec<LoggedResponse> =
-                from_topic.into_iter().filter(|r| !known.contains(&(r.model.clone(), r.space.clone(), r.key.clone()))).collect();
+            let new: Vec<LoggedResponse> = from_topic
+                .into_iter()
+                .filter(|r| !known.contains(&(r.model.clone(), r.space.clone(), r.key.clone())))
+                .collect();
             tracing::info!(responses = new.len(), "read LLM responses from the response log topic");
             responses.records.extend(new);
         }
@@ -205,7 +215,6 @@ impl Shared {
             raw: String::from_utf8_lossy(raw).chars().take(ERROR_RAW_CHARS).collect(),
         }
     }
-
 
     /// Asks every thread of the engine to finish: sources stop reading, the drivers feed what is queued and close.
     pub fn stop(&self) {

@@ -161,11 +161,18 @@ pub fn compass(
                 }
             }
             // Without a model an event already kept is reconsidered when reached at a better score.
-            let cands: Vec<(&str, f32)> = reach
-                .iter()
-                .filter(|(to, (got, _, _))| if by_model.get() { !asked.contains(*to) } else { here.get(*to).is_none_or(|old| old < got) })
-                .map(|(to, (got, _, _))| (*to, *got))
-                .collect();
+            let cands: Vec<(&str, f32)> =
+                reach
+                    .iter()
+                    .filter(|(to, (got, _, _))| {
+                        if by_model.get() {
+                            !asked.contains(*to)
+                        } else {
+                            here.get(*to).is_none_or(|old| old < got)
+                        }
+                    })
+                    .map(|(to, (got, _, _))| (*to, *got))
+                    .collect();
             asked.extend(cands.iter().map(|c| c.0));
             let kept = decide(&cands, &mut trace);
             let mut next = Vec::new();
@@ -182,7 +189,11 @@ pub fn compass(
             }
             frontier = next;
         }
-        let why = if by_model.get() { "top-k events, then typed relations, as the model chose" } else { "top-k events, then typed relations within half of the best score" };
+        let why = if by_model.get() {
+            "top-k events, then typed relations, as the model chose"
+        } else {
+            "top-k events, then typed relations within half of the best score"
+        };
         trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked, "why": why}));
         for (id, s) in here {
             let e = reached.entry(id).or_insert(f32::MIN);
@@ -199,7 +210,11 @@ pub fn compass(
         .map(|(id, (n, _))| {
             let own = node_score[id.as_str()];
             let lift = view.event_of.get(id).and_then(|e| reached.get(e.as_str())).map_or(f32::MIN, |s| lift_share * s);
-            if lift > own { (lift, n, "a turn of an explored event") } else { (own, n, "among the most relevant turns") }
+            if lift > own {
+                (lift, n, "a turn of an explored event")
+            } else {
+                (own, n, "among the most relevant turns")
+            }
         })
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));

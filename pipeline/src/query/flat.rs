@@ -8,7 +8,13 @@ use super::{source_of, Evidence};
 use crate::views::SpaceView;
 
 /// Top-k layer-0 nodes by cosine, then cut to the word budget (the last piece truncated at a word boundary).
-pub fn flat(view: &SpaceView, embedder: &dyn Embedder, query: &str, k: usize, budget_words: usize) -> (Vec<Evidence>, Vec<serde_json::Value>) {
+pub fn flat(
+    view: &SpaceView,
+    embedder: &dyn Embedder,
+    query: &str,
+    k: usize,
+    budget_words: usize,
+) -> (Vec<Evidence>, Vec<serde_json::Value>) {
     let q = embedder.embed(query);
     let mut scored: Vec<(f32, &Node)> = view.nodes.values().map(|(n, e)| (q.dot(e), n)).collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
@@ -30,4 +36,3 @@ pub fn flat(view: &SpaceView, embedder: &dyn Embedder, query: &str, k: usize, bu
     }
     (out, trace)
 }
-

@@ -51,7 +51,6 @@ fn clip(text: &str, words: usize) -> String {
     text.split_whitespace().take(words).collect::<Vec<_>>().join(" ")
 }
 
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
@@ -126,7 +125,6 @@ pub fn source_of(node: &Node) -> serde_json::Value {
     })
 }
 
-
 /// A layer-0 node as evidence reads it: a turn with its speaker's name.
 fn evidence_text(n: &Node) -> String {
     match &n.speaker {
@@ -162,7 +160,11 @@ fn passages<'a>(
     let mut runs: Vec<(f32, Vec<(&Node, &str)>)> = Vec::new();
     for (s, n, why) in chosen {
         match runs.last_mut() {
-            Some((best, run)) if run.last().is_some_and(|(p, _)| p.doc == n.doc && n.pos - p.pos <= operators::model::POSITION_SCALE) => {
+            Some((best, run))
+                if run
+                    .last()
+                    .is_some_and(|(p, _)| p.doc == n.doc && n.pos - p.pos <= operators::model::POSITION_SCALE) =>
+            {
                 *best = best.max(s);
                 run.push((n, why));
             }
@@ -183,14 +185,22 @@ fn passages<'a>(
         let first = run[0].0;
         let mut source = source_of(first);
         source["nodes"] = json!(run.iter().map(|(n, _)| n.id.as_str()).collect::<Vec<_>>());
-        let events: std::collections::BTreeSet<&String> = run.iter().filter_map(|(n, _)| view.event_of.get(&n.id)).collect();
+        let events: std::collections::BTreeSet<&String> =
+            run.iter().filter_map(|(n, _)| view.event_of.get(&n.id)).collect();
         if !events.is_empty() {
             source["events"] = json!(events);
         }
         let id = if run.len() == 1 { first.id.clone() } else { format!("{}..{}", first.id, run[run.len() - 1].0.id) };
         let why: std::collections::BTreeSet<&str> = run.iter().map(|r| r.1).collect();
         trace.push(json!({"step": "keep", "id": id, "score": s, "why": why}));
-        out.push(Evidence { id, layer: 0, kind: first.kind, text: if take < ws.len() { ws[..take].join(" ") } else { text }, score: s, source });
+        out.push(Evidence {
+            id,
+            layer: 0,
+            kind: first.kind,
+            text: if take < ws.len() { ws[..take].join(" ") } else { text },
+            score: s,
+            source,
+        });
     }
     out
 }

@@ -38,7 +38,11 @@ pub fn prune_and_grow(
             None => view.clusters.get(id)?.summary.as_ref().map(|s| s.0.as_str()),
         }
     };
-    let mut all: Vec<(f32, &str)> = view.nodes.keys().map(String::as_str).chain(view.clusters.keys().map(String::as_str))
+    let mut all: Vec<(f32, &str)> = view
+        .nodes
+        .keys()
+        .map(String::as_str)
+        .chain(view.clusters.keys().map(String::as_str))
         .filter_map(|id| score(id).map(|s| (s, id)))
         .collect();
     all.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
@@ -53,7 +57,8 @@ pub fn prune_and_grow(
         let best = scored.iter().map(|x| x.0).fold(f32::MIN, f32::max);
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         let shown: Vec<(f32, &str)> = scored.iter().take(SELECT_MAX).copied().collect();
-        let texts: Vec<String> = shown.iter().filter_map(|(_, id)| text_of(id).map(|t| clip(t, PROMPT_WORDS))).collect();
+        let texts: Vec<String> =
+            shown.iter().filter_map(|(_, id)| text_of(id).map(|t| clip(t, PROMPT_WORDS))).collect();
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
         kept = match guide.select(query, &refs) {
             Ok(Some(chosen)) => {
@@ -89,9 +94,14 @@ pub fn prune_and_grow(
     }
     // The kept source text first, best first; then the kept summaries (what CAM's reader sees of a cluster); then
     // the best remaining source text while budget is left.
-    let mut selected: Vec<(f32, &Node)> = kept.iter().filter_map(|id| view.nodes.get(*id).map(|(n, _)| (score(id).unwrap_or(f32::MIN), n))).collect();
+    let mut selected: Vec<(f32, &Node)> =
+        kept.iter().filter_map(|id| view.nodes.get(*id).map(|(n, _)| (score(id).unwrap_or(f32::MIN), n))).collect();
     selected.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
-    let mut summaries: Vec<(f32, &str)> = kept.iter().filter(|id| view.clusters.contains_key(**id)).filter_map(|id| score(id).map(|s| (s, *id))).collect();
+    let mut summaries: Vec<(f32, &str)> = kept
+        .iter()
+        .filter(|id| view.clusters.contains_key(**id))
+        .filter_map(|id| score(id).map(|s| (s, *id)))
+        .collect();
     summaries.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_words(n)).sum();
     let mut summary_items = Vec::new();
@@ -105,26 +115,29 @@ pub fn prune_and_grow(
         let ws: Vec<&str> = text.split_whitespace().collect();
         let take = ws.len().min(left);
         left -= take;
-        trace.push(json!({"step": "keep", "id": id, "layer": c.layer, "score": s, "why": "a summary kept by prune-and-grow"}));
+        trace.push(
+            json!({"step": "keep", "id": id, "layer": c.layer, "score": s, "why": "a summary kept by prune-and-grow"}),
+        );
         summary_items.push(Evidence {
-            id: id.to_string(), layer: c.layer, kind: NodeKind::Summary, text: ws[..take].join(" "), score: s,
+            id: id.to_string(),
+            layer: c.layer,
+            kind: NodeKind::Summary,
+            text: ws[..take].join(" "),
+            score: s,
             source: json!({"cluster": id, "children": c.members.len()}),
         });
     }
     let taken: BTreeSet<&str> = selected.iter().map(|x| x.1.id.as_str()).collect();
-    let ranked = selected
-        .into_iter()
-        .map(|(s, n)| (s, n, "selected by prune-and-grow"))
-        .chain(
-            // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
-            // the best of the rest fills the budget.
-            (!by_model)
-                .then(|| rel.ranked())
-                .into_iter()
-                .flatten()
-                .filter(|(_, n)| !taken.contains(n.id.as_str()))
-                .map(|(s, n)| (s, n, "relevance, to fill the budget")),
-        );
+    let ranked = selected.into_iter().map(|(s, n)| (s, n, "selected by prune-and-grow")).chain(
+        // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
+        // the best of the rest fills the budget.
+        (!by_model)
+            .then(|| rel.ranked())
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| !taken.contains(n.id.as_str()))
+            .map(|(s, n)| (s, n, "relevance, to fill the budget")),
+    );
     let source_budget = budget_words - summary_items.iter().map(|e| e.text.split_whitespace().count()).sum::<usize>();
     let mut out = super::passages(view, ranked, source_budget, &mut trace);
     out.extend(summary_items);

@@ -58,7 +58,11 @@ pub struct Relevance<'a> {
 
 /// A positive normaliser: the best score, or 1 when nothing scored above 0.
 fn norm(best: f32) -> f32 {
-    if best > 1e-6 { best } else { 1.0 }
+    if best > 1e-6 {
+        best
+    } else {
+        1.0
+    }
 }
 
 impl<'a> Relevance<'a> {
@@ -109,7 +113,8 @@ impl<'a> Relevance<'a> {
         }
         starts.push(nodes.len());
         let asked: HashSet<String> = operators::embed::words(question).into_iter().collect();
-        let mut speakers: Vec<&'a str> = view.nodes.values().filter_map(|(n, _)| n.speaker.as_deref()).collect::<HashSet<_>>().into_iter().collect();
+        let mut speakers: Vec<&'a str> =
+            view.nodes.values().filter_map(|(n, _)| n.speaker.as_deref()).collect::<HashSet<_>>().into_iter().collect();
         speakers.sort_unstable();
         let names: Vec<&'a str> = speakers
             .into_iter()
@@ -121,7 +126,8 @@ impl<'a> Relevance<'a> {
         // A named speaker counts through the turns they said, not through the turns that say their name (mostly
         // the other speaker, addressing them): the names leave the lexical query.
         let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
-        let terms: Vec<String> = operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
+        let terms: Vec<String> =
+            operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
         let lexical = view.lexical.search_terms(&terms);
         let max_dense = norm(dense.iter().copied().fold(0.0, f32::max));
         let max_lexical = norm(lexical.values().copied().fold(0.0, f32::max));
@@ -172,7 +178,10 @@ impl<'a> Relevance<'a> {
     /// statistics, normalised as layer 0's are.
     pub fn cluster(&self, view: &SpaceView, c: &crate::views::ClusterView) -> Option<f32> {
         let (_, emb) = c.summary.as_ref()?;
-        Some(self.query.dot(emb) / self.max_dense + LEXICAL_WEIGHT * view.lexical.score_counts(&self.terms, &c.summary_terms) / self.max_lexical)
+        Some(
+            self.query.dot(emb) / self.max_dense
+                + LEXICAL_WEIGHT * view.lexical.score_counts(&self.terms, &c.summary_terms) / self.max_lexical,
+        )
     }
 
     /// An embedding alone (no text to match), normalised as layer 0's cosines are.

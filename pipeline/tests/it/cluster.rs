@@ -1,7 +1,6 @@
 //! Whole system: the bundled examples ingested by two timely processes (two workers each) on loopback give the same
 //! memory as one process with one worker.
 
-
 use std::collections::BTreeMap;
 use std::process::Stdio;
 
@@ -35,7 +34,8 @@ async fn memory(engine: &Engine) -> BTreeMap<String, serde_json::Value> {
                 "chunk" => format!("{}#{}", r["doc"].as_str().unwrap(), r["seq"]),
                 _ => format!("{}#{}", r["conversation"].as_str().unwrap(), r["turn"].as_str().unwrap()),
             };
-            let url = format!("{}/v1/spaces/{}/nodes/{}", engine.api, r["space"].as_str().unwrap(), id.replace('#', "%23"));
+            let url =
+                format!("{}/v1/spaces/{}/nodes/{}", engine.api, r["space"].as_str().unwrap(), id.replace('#', "%23"));
             let (status, node) = get(&url).await;
             assert_eq!(status, 200, "{node}");
             out.insert(id, node["neighbours"].clone());

@@ -2,14 +2,13 @@
 //! requests none) and with the `local` sentence-transformer (deletes and replacements cancel exactly even though its
 //! vectors depend on the batch).
 
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{chunk, get, post, Engine};
 use axum::extract::State;
 use axum::routing::post as route_post;
 use axum::{Json, Router};
-use crate::common::{chunk, get, post, Engine};
 use operators::{Embedder, HashEmbedder};
 use serde_json::{json, Value};
 
@@ -18,7 +17,8 @@ const CUP: &str = "The football club won the cup semi-final with a late goal fro
 const WALL: &str = "The council approved the sea wall budget after the cost rose to twenty six million pounds.";
 
 async fn embeddings(State(seen): State<Arc<Mutex<Vec<String>>>>, Json(body): Json<Value>) -> Json<Value> {
-    let inputs: Vec<String> = body["input"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    let inputs: Vec<String> =
+        body["input"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     seen.lock().unwrap().extend(inputs.iter().cloned());
     let e = HashEmbedder::new(64);
     let data: Vec<Value> =
@@ -56,7 +56,8 @@ async fn openai_embedder_logs_vectors_and_a_restart_requests_none() {
     assert_eq!(resp["evidence"][0]["id"], "cup#0", "{resp}");
     let requested = seen.lock().unwrap().clone();
     assert!(requested.iter().any(|t| t.contains("football club")), "chunks are embedded by the server: {requested:?}");
-    let metrics = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    let metrics =
+        crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("engram_embedder_requests_total{outcome=\"ok\",stage=\"embed\"}"), "{metrics}");
     assert!(metrics.contains("engram_embedder_texts_total{kind=\"openai\"}"), "{metrics}");
     let logged = std::fs::read_to_string(dir.path().join("embeddings.log")).unwrap();
@@ -111,7 +112,8 @@ fn model_dir() -> Option<String> {
 async fn graph(engine: &Engine, receipt: &str) -> (Vec<String>, u64) {
     let q = json!({"query": "harbour", "mode": "flat", "k": 50, "budget_words": 100000});
     let (_, resp) = post(&format!("{}/v1/spaces/port/query?after={receipt}", engine.api), q.to_string()).await;
-    let mut ids: Vec<String> = resp["evidence"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    let mut ids: Vec<String> =
+        resp["evidence"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
     ids.sort();
     (ids, space(engine, "port").await["edges"].as_u64().unwrap())
 }
@@ -125,14 +127,24 @@ async fn local_embedder_retracts_exactly_what_it_inserted() {
         ("ENGRAM__EMBEDDER__MODEL_DIR", model.as_str()),
         ("ENGRAM__SIMILARITY__THETA", "0.3"),
     ];
-    let texts = [STORM, CUP, WALL, "Fishermen said the quay was flooded after the storm.", "The striker scored again in the league."];
+    let texts = [
+        STORM,
+        CUP,
+        WALL,
+        "Fishermen said the quay was flooded after the storm.",
+        "The striker scored again in the league.",
+    ];
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path(), &[], &env);
     // Everything in one request, then a replacement and a delete in others: different batches, different padding.
     let body: Vec<String> = texts.iter().enumerate().map(|(i, t)| chunk(&format!("d{i}"), 0, t)).collect();
     post(&format!("{}/v1/spaces/port/records", engine.api), body.join("\n")).await;
-    let (_, r) = post(&format!("{}/v1/spaces/port/records", engine.api), chunk("d1", 0, "The cup final was lost on penalties.")).await;
-    let (_, r2) = post(&format!("{}/v1/spaces/port/records", engine.api), json!({"kind": "delete", "doc": "d4"}).to_string()).await;
+    let (_, r) =
+        post(&format!("{}/v1/spaces/port/records", engine.api), chunk("d1", 0, "The cup final was lost on penalties."))
+            .await;
+    let (_, r2) =
+        post(&format!("{}/v1/spaces/port/records", engine.api), json!({"kind": "delete", "doc": "d4"}).to_string())
+            .await;
     let _ = r;
     let incremental = graph(&engine, r2["receipt"].as_str().unwrap()).await;
 

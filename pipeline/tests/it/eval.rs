@@ -1,7 +1,6 @@
 //! `engram eval locomo` on a small LoCoMo-shaped fixture (the bundled stand-up conversation, original text): the
 //! output file has the contract's shape, skips category 5 and evidence that names no turn, and recall is a share.
 
-
 #[test]
 fn eval_locomo_writes_recall_by_mode_budget_and_category() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,12 +62,7 @@ fn ask_mode_answers_with_a_structured_mode() {
         if !mode.is_empty() {
             args.extend(["--ask-mode", mode]);
         }
-        let out = crate::common::engram()
-            .args(args)
-            .arg("--data-dir")
-            .arg(dir.path())
-            .output()
-            .unwrap();
+        let out = crate::common::engram().args(args).arg("--data-dir").arg(dir.path()).output().unwrap();
         assert!(out.status.success(), "{out:?}");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v
@@ -99,7 +93,19 @@ fn eval_qmsum_reports_recall_of_relevant_spans() {
     let out = dir.path().join("qmsum.json");
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qmsum-mini");
     let output = crate::common::engram()
-        .args(["eval", "qmsum", "--data", fixture, "--budgets", "30,1000", "--mode", "flat", "--mode", "compass", "--out"])
+        .args([
+            "eval",
+            "qmsum",
+            "--data",
+            fixture,
+            "--budgets",
+            "30,1000",
+            "--mode",
+            "flat",
+            "--mode",
+            "compass",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -109,7 +115,13 @@ fn eval_qmsum_reports_recall_of_relevant_spans() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(v["dataset"], "qmsum");
     let row = |mode: &str, budget: u64, cat: &str| {
-        v["results"].as_array().unwrap().iter().find(|r| r["mode"] == mode && r["budget_words"] == budget && r["category"] == cat).cloned().unwrap()
+        v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == mode && r["budget_words"] == budget && r["category"] == cat)
+            .cloned()
+            .unwrap()
     };
     assert_eq!(row("flat", 1000, "all")["n"], 3);
     assert_eq!(row("flat", 1000, "specific")["n"], 2);
@@ -130,7 +142,8 @@ async fn fixed_answers(axum::Json(body): axum::Json<serde_json::Value>) -> axum:
     let content = match stage {
         "answer" => serde_json::json!({"answer": "A lock timeout."}),
         "segment" => {
-            let turns: Vec<serde_json::Value> = user.find('[').and_then(|i| serde_json::from_str(&user[i..]).ok()).unwrap_or_default();
+            let turns: Vec<serde_json::Value> =
+                user.find('[').and_then(|i| serde_json::from_str(&user[i..]).ok()).unwrap_or_default();
             let numbers: Vec<usize> = (1..=turns.len()).collect();
             serde_json::json!({"events": [{"turns": numbers, "summary": "the stand-up", "people": [], "time": null}]})
         }

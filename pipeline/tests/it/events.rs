@@ -2,7 +2,6 @@
 //! order) with typed relations; a new turn reaches its event within an epoch; deleting the conversation retracts
 //! them all.
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::{get, post, Engine};
@@ -29,7 +28,10 @@ async fn standup_events_relations_live_turns_and_retraction() {
     assert_eq!(s["events"].as_u64().unwrap() as usize, events.len());
     assert!(events.len() >= 4 && events.len() <= 27, "{} events for 54 turns", events.len());
     // Every turn in exactly one event, events in turn order.
-    let turns: Vec<String> = events.iter().flat_map(|e| e["turns"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string())).collect();
+    let turns: Vec<String> = events
+        .iter()
+        .flat_map(|e| e["turns"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()))
+        .collect();
     let text = std::fs::read_to_string(&standup).unwrap();
     let want: Vec<String> = text
         .lines()
@@ -68,7 +70,11 @@ async fn standup_events_relations_live_turns_and_retraction() {
     assert_eq!(status, 200, "{resp}");
     let steps: Vec<&str> = resp["trace"].as_array().unwrap().iter().filter_map(|t| t["step"].as_str()).collect();
     assert_eq!(&steps[..2], &["plan", "explore"], "{steps:?}");
-    assert!(resp["trace"][0]["subgoals"].as_array().unwrap().len() >= 2, "the question's clauses: {}", resp["trace"][0]);
+    assert!(
+        resp["trace"][0]["subgoals"].as_array().unwrap().len() >= 2,
+        "the question's clauses: {}",
+        resp["trace"][0]
+    );
     let evidence = resp["evidence"].as_array().unwrap();
     assert!(!evidence.is_empty());
     assert!(evidence.iter().all(|e| !e["source"]["events"].as_array().unwrap().is_empty()));
@@ -103,7 +109,8 @@ async fn standup_events_relations_live_turns_and_retraction() {
     let (_, r) = post(&format!("{}/v1/spaces/standup/records", engine.api), copy.join("\n")).await;
     let receipt = r["receipt"].as_str().unwrap();
     let (_, merged) = get(&format!("{}/v1/spaces/standup/events?after={receipt}", engine.api)).await;
-    let retold: Vec<&Value> = merged["events"].as_array().unwrap().iter().filter(|e| e["conversation"] == "retold").collect();
+    let retold: Vec<&Value> =
+        merged["events"].as_array().unwrap().iter().filter(|e| e["conversation"] == "retold").collect();
     assert!(!retold.is_empty());
     let all_events = merged["events"].as_array().unwrap();
     for e in &retold {

@@ -3,15 +3,14 @@
 //! extractive ones, and a restart makes no call; a live session reaches the model within its bound; the model steers
 //! Prune-and-Grow's selection and CompassMem's planner and explorers.
 
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{get, Engine};
 use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
-use crate::common::{get, Engine};
 use serde_json::{json, Value};
 
 type Calls = Arc<Mutex<BTreeMap<String, usize>>>;
@@ -42,10 +41,16 @@ async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value
                 .collect();
             json!({"events": events})
         }
-        "relate" => json!({"relations": (1..count).map(|i| json!({"from": i, "to": i + 1, "kind": "causal"})).collect::<Vec<_>>()}),
+        "relate" => {
+            json!({"relations": (1..count).map(|i| json!({"from": i, "to": i + 1, "kind": "causal"})).collect::<Vec<_>>()})
+        }
         // Retrieval steps: passages that mention the demo are chosen; the plan has two subgoals.
         "select" => {
-            let chosen: Vec<usize> = rows.as_array().into_iter().flatten().enumerate()
+            let chosen: Vec<usize> = rows
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
                 .filter(|(_, r)| r["text"].as_str().unwrap_or("").to_lowercase().contains("demo"))
                 .map(|(i, _)| i + 1)
                 .collect();
@@ -75,7 +80,9 @@ async fn chat(State(calls): State<Calls>, Json(body): Json<Value>) -> Json<Value
         }
         _ => json!({"summary": "a cluster summary"}),
     };
-    Json(json!({"choices": [{"message": {"role": "assistant", "content": content.to_string()}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+    Json(
+        json!({"choices": [{"message": {"role": "assistant", "content": content.to_string()}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+    )
 }
 
 async fn settled(engine: &Engine) -> Value {
@@ -85,7 +92,12 @@ async fn settled(engine: &Engine) -> Value {
         if let Some(s) = spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == "standup")) {
             if s["nodes"] == 54 && s["summaries_pending"] == 0 {
                 let (_, ev) = get(&format!("{}/v1/spaces/standup/events", engine.api)).await;
-                if ev["events"].as_array().unwrap().iter().all(|e| e["summary"].as_str().unwrap().starts_with("LLM event")) {
+                if ev["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|e| e["summary"].as_str().unwrap().starts_with("LLM event"))
+                {
                     return ev;
                 }
             }
@@ -110,7 +122,9 @@ async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
     let relations = ev["relations"].as_array().unwrap();
     assert_eq!(relations.len(), 12, "a causal chain in each session");
     // Evidence: the turns of both ends (4 + 4, or 4 + 2 at the end of the 26-turn session).
-    assert!(relations.iter().all(|r| r["kind"] == "causal" && [6, 8].contains(&r["evidence"].as_array().unwrap().len())));
+    assert!(relations
+        .iter()
+        .all(|r| r["kind"] == "causal" && [6, 8].contains(&r["evidence"].as_array().unwrap().len())));
     let made = calls.lock().unwrap().clone();
     assert_eq!(made.get("segment"), Some(&3), "two sessions, one repaired: {made:?}");
     assert_eq!(made.get("relate"), Some(&2), "{made:?}");
@@ -125,7 +139,8 @@ async fn model_events_replace_extractive_ones_and_a_restart_makes_no_call() {
 /// The scripted server (its call counts and base URL) and the stand-up example's path.
 async fn scripted() -> (Calls, String, String) {
     let calls: Calls = Arc::default();
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
+    let base =
+        crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     (calls, base, format!("{}/../examples/standup.jsonl", env!("CARGO_MANIFEST_DIR")))
 }
 
@@ -137,7 +152,8 @@ fn covered(events: &[Value]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_its_bound() {
     let calls: Calls = Arc::default();
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
+    let base =
+        crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
     let env = [
         ("ENGRAM__LLM__BACKEND", "openai"),
         ("ENGRAM__LLM__BASE_URL", base.as_str()),
@@ -155,7 +171,8 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
         let turn = json!({"kind": "turn", "conversation": "meet", "turn": format!("T{i:02}"), "seq": i,
                           "speaker": if i % 2 == 0 { "Ana" } else { "Ben" },
                           "text": format!("Point {i} of the release plan: the budget line {i} and who owns it.")});
-        let (status, r) = crate::common::post(&format!("{}/v1/spaces/live/records", engine.api), turn.to_string()).await;
+        let (status, r) =
+            crate::common::post(&format!("{}/v1/spaces/live/records", engine.api), turn.to_string()).await;
         assert_eq!(status, 200, "{r}");
         let receipt = r["receipt"].as_str().unwrap();
         // In the memory as soon as its receipt is reflected: every turn so far in exactly one event, in order.
@@ -163,7 +180,8 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
         let events = ev["events"].as_array().unwrap();
         let want: Vec<String> = (0..=i).map(|j| format!("meet#T{j:02}")).collect();
         assert_eq!(covered(events), want, "{ev}");
-        model_events_while_live = model_events_while_live.max(events.iter().filter(|e| e["summary"].as_str().unwrap().starts_with("LLM event")).count());
+        model_events_while_live = model_events_while_live
+            .max(events.iter().filter(|e| e["summary"].as_str().unwrap().starts_with("LLM event")).count());
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     // The stream lasted over 3.6 s: the model was asked while it went on, and its events stood for the turns it had
@@ -206,7 +224,8 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
     assert!(evidence.iter().all(|e| e["text"].as_str().unwrap().to_lowercase().contains("demo")), "{pg}");
 
     // Compass: the model's subgoals, and explorers that keep the one event the model says answers each.
-    let q = json!({"query": "When is the customer demo and who presents it?", "mode": "compass", "k": 5, "answer": false});
+    let q =
+        json!({"query": "When is the customer demo and who presents it?", "mode": "compass", "k": 5, "answer": false});
     let (status, cp) = crate::common::post(&url, q.to_string()).await;
     assert_eq!(status, 200, "{cp}");
     let trace = cp["trace"].as_array().unwrap();
@@ -231,7 +250,10 @@ async fn the_model_selects_plans_and_explores_and_each_call_is_made_once() {
     assert_eq!(status, 200, "{bad}");
     let trace = bad["trace"].as_array().unwrap();
     assert!(trace.iter().any(|t| t["step"] == "model-error" && t["stage"] == "plan"), "{bad}");
-    assert!(trace.iter().any(|t| t["step"] == "plan" && t["why"] == "the question and its clauses (no model)"), "{bad}");
+    assert!(
+        trace.iter().any(|t| t["step"] == "plan" && t["why"] == "the question and its clauses (no model)"),
+        "{bad}"
+    );
     assert!(!bad["evidence"].as_array().unwrap().is_empty());
     let before = calls.lock().unwrap().clone();
 
@@ -262,7 +284,9 @@ async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
     let ev = loop {
         let (_, pending) = get(&format!("{}/v1/spaces/standup/summaries/pending", engine.api)).await;
         let (_, ev) = get(&format!("{}/v1/spaces/standup/events", engine.api)).await;
-        if pending["pending"].as_array().unwrap().is_empty() && ev["relations"].as_array().unwrap().iter().any(|r| r["kind"] == "overlap") {
+        if pending["pending"].as_array().unwrap().is_empty()
+            && ev["relations"].as_array().unwrap().iter().any(|r| r["kind"] == "overlap")
+        {
             break ev;
         }
         assert!(Instant::now() < deadline, "the judge's verdicts never arrived: {pending}");
@@ -282,7 +306,8 @@ async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
     assert_eq!(merged.len(), 3, "{node}");
     assert!(merged.iter().all(|m| !m["turns"].as_array().unwrap().is_empty() && m["id"] != id), "{node}");
     // Events 2 and 3: linked by `overlap` relations, and nothing else is.
-    let two_three: Vec<&Value> = named("LLM event 2").into_iter().chain(named("LLM event 3")).map(|e| &e["id"]).collect();
+    let two_three: Vec<&Value> =
+        named("LLM event 2").into_iter().chain(named("LLM event 3")).map(|e| &e["id"]).collect();
     let overlap: Vec<&Value> = ev["relations"].as_array().unwrap().iter().filter(|r| r["kind"] == "overlap").collect();
     assert_eq!(overlap.len(), 4, "two 2s × two 3s: {overlap:?}");
     assert!(overlap.iter().all(|r| two_three.contains(&&r["from"]) && two_three.contains(&&r["to"])), "{overlap:?}");

@@ -1,7 +1,6 @@
 //! The CAM hierarchy end to end over HTTP: clusters and summaries appear for the bundled examples, a delete
 //! retracts what was derived from the document and re-summarises what changed, and a restart makes no summary call.
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::{get, post, Engine};
@@ -46,11 +45,9 @@ async fn settled(engine: &Engine) -> serde_json::Value {
 }
 
 async fn metric(engine: &Engine, name: &str) -> f64 {
-    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    let text =
+        crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    text.lines().filter(|l| l.starts_with(name)).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
 }
 
 fn log_lines(engine: &Engine) -> usize {
@@ -89,8 +86,10 @@ async fn clusters_summaries_deletes_and_restart() {
     }
     let clusters: Vec<&serde_json::Value> = seen.values().filter(|n| n["layer"].as_u64() > Some(0)).collect();
     assert_eq!(clusters.len() as u64, layers[1..].iter().sum::<u64>(), "every cluster is some chunk's ancestor");
-    let singles: Vec<&&serde_json::Value> =
-        clusters.iter().filter(|n| n["layer"].as_u64() > Some(1) && n["children"].as_array().unwrap().len() == 1).collect();
+    let singles: Vec<&&serde_json::Value> = clusters
+        .iter()
+        .filter(|n| n["layer"].as_u64() > Some(1) && n["children"].as_array().unwrap().len() == 1)
+        .collect();
     for n in &singles {
         let child = &seen[n["children"][0].as_str().unwrap()];
         assert_eq!(n["text"], child["text"], "a one-member cluster shows its member's summary: {n}");
@@ -123,7 +122,11 @@ async fn clusters_summaries_deletes_and_restart() {
     let calls = metric(&engine, "engram_llm_requests_total").await;
 
     // Delete the storm report: its chunks leave every cluster; changed clusters are summarised again.
-    let (_, r) = post(&format!("{}/v1/spaces/news/records", engine.api), json!({"kind":"delete","doc":"pm-2026-11-23-storm"}).to_string()).await;
+    let (_, r) = post(
+        &format!("{}/v1/spaces/news/records", engine.api),
+        json!({"kind":"delete","doc":"pm-2026-11-23-storm"}).to_string(),
+    )
+    .await;
     let receipt = r["receipt"].as_str().unwrap().to_string();
     let (status, _) = get(&format!("{}?after={receipt}", url("pm-2026-11-23-storm#0"))).await;
     assert_eq!(status, 404);
@@ -140,7 +143,11 @@ async fn clusters_summaries_deletes_and_restart() {
     let (status, _) = get(&url(&parent)).await;
     if status == 200 {
         let (_, c) = get(&url(&parent)).await;
-        assert!(!c["children"].as_array().unwrap().iter().any(|x| x.as_str().unwrap().starts_with("pm-2026-11-23-storm")));
+        assert!(!c["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x.as_str().unwrap().starts_with("pm-2026-11-23-storm")));
     }
     let after_delete = log_lines(&engine);
     assert!(metric(&engine, "engram_llm_requests_total").await > calls, "changed clusters were summarised again");
@@ -151,7 +158,9 @@ async fn clusters_summaries_deletes_and_restart() {
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|r| r["doc"] == "pm-2026-11-23-storm")
-        .flat_map(|r| r["text"].as_str().unwrap().split(". ").map(|s| s.trim_end_matches('.').to_string()).collect::<Vec<_>>())
+        .flat_map(|r| {
+            r["text"].as_str().unwrap().split(". ").map(|s| s.trim_end_matches('.').to_string()).collect::<Vec<_>>()
+        })
         .filter(|s| s.split_whitespace().count() >= 6)
         .collect();
     let mut todo: Vec<String> = vec!["pm-2026-11-26-council-vote#0".into()];
@@ -168,7 +177,9 @@ async fn clusters_summaries_deletes_and_restart() {
                 assert!(!text.contains(s.as_str()), "{id} still quotes the deleted report: {s:?} in {text:?}");
             }
         }
-        for p in node["parents"].as_array().into_iter().flatten().chain(node["neighbours"].as_array().into_iter().flatten()) {
+        for p in
+            node["parents"].as_array().into_iter().flatten().chain(node["neighbours"].as_array().into_iter().flatten())
+        {
             if let Some(p) = p.as_str().or_else(|| p["id"].as_str()) {
                 todo.push(p.to_string());
             }
@@ -183,7 +194,9 @@ async fn clusters_summaries_deletes_and_restart() {
     loop {
         let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
         let news = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == "news").cloned();
-        if news.is_some_and(|n| n["nodes"].as_u64() < Some(59) && n["summaries_pending"] == 0 && n["layers"].as_array().unwrap().len() >= 2) {
+        if news.is_some_and(|n| {
+            n["nodes"].as_u64() < Some(59) && n["summaries_pending"] == 0 && n["layers"].as_array().unwrap().len() >= 2
+        }) {
             break;
         }
         assert!(Instant::now() < deadline, "{spaces}");
@@ -202,7 +215,8 @@ async fn clusters_summaries_deletes_and_restart() {
 async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::start(dir.path(), &[], ENV);
-    let chunk = |doc: &str, seq: u32, text: &str| json!({"kind": "chunk", "doc": doc, "seq": seq, "text": text}).to_string();
+    let chunk =
+        |doc: &str, seq: u32, text: &str| json!({"kind": "chunk", "doc": doc, "seq": seq, "text": text}).to_string();
     let tide = [
         "The tide gauge at the harbour recorded a surge. The harbour wall was overtopped by the tide.",
         "Harbour crews watched the tide surge over the wall. The gauge at the harbour broke its record.",
@@ -213,8 +227,12 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
         "A late goal by the striker sent the club to the cup final. The football crowd sang for the striker.",
         "The club will play the cup final in May. The striker and the football club trained on Monday.",
     ];
-    let body: Vec<String> =
-        tide.iter().enumerate().map(|(i, t)| chunk("tide", i as u32, t)).chain(cup.iter().enumerate().map(|(i, t)| chunk("cup", i as u32, t))).collect();
+    let body: Vec<String> = tide
+        .iter()
+        .enumerate()
+        .map(|(i, t)| chunk("tide", i as u32, t))
+        .chain(cup.iter().enumerate().map(|(i, t)| chunk("cup", i as u32, t)))
+        .collect();
     let records = format!("{}/v1/spaces/grow/records", engine.api);
     let (status, r) = post(&records, body.join("\n")).await;
     assert_eq!(status, 200, "{r}");
@@ -228,7 +246,11 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     let cluster = t0["parents"][0].as_str().unwrap().to_string();
     let (_, before) = get(&node(&cluster)).await;
 
-    let (_, r) = post(&records, chunk("tide", 3, "The harbour tide surge and the gauge: the wall of the harbour held the tide.")).await;
+    let (_, r) = post(
+        &records,
+        chunk("tide", 3, "The harbour tide surge and the gauge: the wall of the harbour held the tide."),
+    )
+    .await;
     assert_eq!(r["accepted"], 1, "{r}");
     quiet(&engine, "grow", 7).await;
     let (_, after) = get(&node(&cluster)).await;
@@ -241,7 +263,11 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     assert_eq!(last["covers"]["members"].as_array().unwrap().len(), 3, "{last}");
 
     // A paragraph the summary saw changes: the summary no longer holds.
-    let (_, r) = post(&records, chunk("tide", 1, "Harbour crews watched the tide surge over the wall and the gauge at the harbour.")).await;
+    let (_, r) = post(
+        &records,
+        chunk("tide", 1, "Harbour crews watched the tide surge over the wall and the gauge at the harbour."),
+    )
+    .await;
     assert_eq!(r["accepted"], 1, "{r}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while metric(&engine, "engram_llm_requests_total").await == calls {
@@ -262,7 +288,9 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     let records = format!("{}/v1/spaces/grow/records", engine.api);
     let node = |id: &str| format!("{}/v1/spaces/grow/nodes/{}", engine.api, id.replace('#', "%23"));
     quiet(&engine, "grow", 7).await;
-    let (_, r) = post(&records, chunk("tide", 4, "The gauge and the harbour wall: the tide surge at the harbour was a record.")).await;
+    let (_, r) =
+        post(&records, chunk("tide", 4, "The gauge and the harbour wall: the tide surge at the harbour was a record."))
+            .await;
     assert_eq!(r["accepted"], 1, "{r}");
     quiet(&engine, "grow", 8).await;
     let (_, grown) = get(&node(&cluster)).await;

@@ -1,7 +1,6 @@
 //! The HTTP API over real sockets, against the real binary: ingest → query, read-your-writes, bad bodies, config
 //! errors, durability across kill -9, dead-lettering of file input, clean shutdown.
 
-
 use std::io::Write;
 
 use crate::common::{chunk, engram, get, post, Engine};
@@ -63,9 +62,16 @@ async fn ingest_query_round_trip_with_read_your_writes() {
     assert_eq!(status, 404);
 
     // Metrics on the admin port.
-    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
-    for name in ["engram_records_in_total", "engram_epochs_total", "engram_nodes", "engram_edges",
-                 "engram_frontier_lag_epochs", "engram_query_duration_seconds_bucket"] {
+    let text =
+        crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "engram_records_in_total",
+        "engram_epochs_total",
+        "engram_nodes",
+        "engram_edges",
+        "engram_frontier_lag_epochs",
+        "engram_query_duration_seconds_bucket",
+    ] {
         assert!(text.contains(name), "{name} missing from /metrics");
     }
 }
@@ -147,8 +153,9 @@ async fn acknowledged_records_survive_kill_9() {
     let url = format!("{}/v1/spaces/durable/records", engine.api);
     let mut last = 0u64;
     for batch in 0..10 {
-        let body: Vec<String> =
-            (0..20).map(|i| chunk(&format!("doc{batch}"), i, &format!("record {batch} {i} about harbour storms"))).collect();
+        let body: Vec<String> = (0..20)
+            .map(|i| chunk(&format!("doc{batch}"), i, &format!("record {batch} {i} about harbour storms")))
+            .collect();
         let (status, r) = post(&url, body.join("\n")).await;
         assert_eq!(status, 200);
         last = r["receipt"].as_str().unwrap().parse().unwrap();
@@ -172,11 +179,20 @@ async fn file_input_dead_letters_garbage_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.jsonl");
     let mut f = std::fs::File::create(&input).unwrap();
-    let good = |doc: &str, text: &str| format!("{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"{doc}\",\"seq\":0,\"text\":\"{text}\"}}\n");
+    let good = |doc: &str, text: &str| {
+        format!("{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"{doc}\",\"seq\":0,\"text\":\"{text}\"}}\n")
+    };
     f.write_all(good("a", STORM).as_bytes()).unwrap();
     f.write_all(b"{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"b\",\"seq\":0,\"text\":\"trunc\n").unwrap();
     f.write_all(b"{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"\xff\xfe\",\"seq\":0,\"text\":\"x\"}\n").unwrap();
-    f.write_all(format!("{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"c\",\"seq\":0,\"text\":\"{}\"}}\n", "word ".repeat(400)).as_bytes()).unwrap();
+    f.write_all(
+        format!(
+            "{{\"space\":\"f\",\"kind\":\"chunk\",\"doc\":\"c\",\"seq\":0,\"text\":\"{}\"}}\n",
+            "word ".repeat(400)
+        )
+        .as_bytes(),
+    )
+    .unwrap();
     f.write_all(b"{\"space\":\"f\",\"kind\":\"turn\",\"conversation\":7}\n").unwrap();
     f.write_all(good("d", WALL).as_bytes()).unwrap();
     drop(f);

@@ -5,14 +5,13 @@
 //! partitions between them building the memory of one.
 #![cfg(feature = "kafka")]
 
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{get, post, Engine};
 use axum::extract::State;
 use axum::routing::post as route_post;
 use axum::{Json, Router};
-use crate::common::{get, post, Engine};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -26,7 +25,10 @@ fn brokers() -> Option<String> {
     let b = std::env::var("ENGRAM_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let reachable = b.split(',').any(|a| {
         use std::net::ToSocketAddrs;
-        a.to_socket_addrs().ok().and_then(|mut s| s.next()).is_some_and(|s| std::net::TcpStream::connect_timeout(&s, Duration::from_secs(1)).is_ok())
+        a.to_socket_addrs()
+            .ok()
+            .and_then(|mut s| s.next())
+            .is_some_and(|s| std::net::TcpStream::connect_timeout(&s, Duration::from_secs(1)).is_ok())
     });
     if reachable {
         return Some(b);
@@ -42,7 +44,8 @@ fn unique(name: &str) -> String {
 }
 
 async fn create_topics(brokers: &str, topics: &[(&str, i32)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let new: Vec<NewTopic> = topics.iter().map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1))).collect();
     let results = admin.create_topics(&new, &AdminOptions::new()).await.expect("create topics");
     for r in results {
@@ -83,7 +86,8 @@ async fn wait_until(what: &str, secs: u64, mut f: impl AsyncFnMut() -> bool) {
 }
 
 fn committed(brokers: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
-    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).create().unwrap();
+    let c: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).create().unwrap();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);
@@ -154,11 +158,18 @@ async fn records_from_kafka_with_dead_letters_changes_and_committed_offsets() {
     let (b2, t2) = (b.clone(), topic.clone());
     wait_until("committed offsets", 30, async || {
         let (b, g, t) = (b2.clone(), group2.clone(), t2.clone());
-        tokio::task::spawn_blocking(move || committed(&b, &g, &t, 2)).await.unwrap() == vec![offsets[2] + 1, offsets[4] + 1]
+        tokio::task::spawn_blocking(move || committed(&b, &g, &t, 2)).await.unwrap()
+            == vec![offsets[2] + 1, offsets[4] + 1]
     })
     .await;
-    let metrics = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
-    for name in ["engram_kafka_consumer_lag", "engram_kafka_records_in_total", "engram_kafka_commit_seconds", "engram_kafka_records_out_total"] {
+    let metrics =
+        crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "engram_kafka_consumer_lag",
+        "engram_kafka_records_in_total",
+        "engram_kafka_commit_seconds",
+        "engram_kafka_records_out_total",
+    ] {
         assert!(metrics.contains(name), "{name} missing");
     }
 }
@@ -194,7 +205,9 @@ async fn chat(State(seen): State<Arc<Mutex<Vec<String>>>>, Json(body): Json<Valu
     seen.lock().unwrap().push(user.clone());
     let n = user.len();
     let content = json!({"summary": format!("summary of {n} bytes")}).to_string();
-    Json(json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+    Json(
+        json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+    )
 }
 
 async fn settled(engine: &Engine, nodes: u64) -> Value {
@@ -217,7 +230,9 @@ async fn settled(engine: &Engine, nodes: u64) -> Value {
 async fn kill_9_mid_stream_gives_the_uninterrupted_memory_and_repeats_no_llm_call() {
     let Some(b) = brokers() else { return };
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", route_post(chat)).with_state(seen.clone())).await;
+    let base =
+        crate::common::serve(Router::new().route("/v1/chat/completions", route_post(chat)).with_state(seen.clone()))
+            .await;
 
     let news = std::fs::read_to_string(format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let lines: Vec<(i32, &str, String)> = news.lines().map(|l| (0, "news", l.to_string())).collect();
@@ -286,7 +301,10 @@ async fn neighbours(engine: &Engine, ids: &[String]) -> Vec<(String, Value)> {
 /// The sources (`kafka:TOPIC/PARTITION`) of the records in an input log.
 fn logged_sources(path: &std::path::Path) -> std::collections::BTreeSet<String> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["source"].as_str().map(String::from)).collect()
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["source"].as_str().map(String::from))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +386,14 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
     })
     .await;
     // The follower's own metrics: the records it read.
-    let metrics = crate::common::client().get(format!("http://{follower_admin}/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = crate::common::client()
+        .get(format!("http://{follower_admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let read: f64 = metrics
         .lines()
         .find(|l| l.starts_with("engram_kafka_records_in_total{") && l.contains(&topic))

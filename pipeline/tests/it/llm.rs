@@ -1,17 +1,16 @@
 //! The engine with `llm.backend = "openai"` against a local OpenAI-compatible test server: cluster summaries come
 //! from the server (through 500s, which are retried), and a restart makes zero calls, counted at the server.
 
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{get, Engine};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use crate::common::{get, Engine};
 use serde_json::{json, Value};
 
 async fn chat(State(calls): State<Arc<AtomicUsize>>, Json(body): Json<Value>) -> axum::response::Response {
@@ -46,7 +45,8 @@ async fn settled(engine: &Engine) -> Value {
 #[tokio::test]
 async fn summaries_from_an_openai_compatible_server_and_no_call_on_restart() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
+    let base =
+        crate::common::serve(Router::new().route("/v1/chat/completions", post(chat)).with_state(calls.clone())).await;
 
     let dir = tempfile::tempdir().unwrap();
     let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
@@ -86,13 +86,17 @@ async fn responder(State(asked): State<Arc<std::sync::Mutex<Vec<String>>>>, Json
     } else {
         json!({"summary": "a summary"}).to_string()
     };
-    Json(json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+    Json(
+        json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_come_from_the_model_once_and_a_bad_reply_leaves_the_evidence() {
     let asked = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let base = crate::common::serve(Router::new().route("/v1/chat/completions", post(responder)).with_state(asked.clone())).await;
+    let base =
+        crate::common::serve(Router::new().route("/v1/chat/completions", post(responder)).with_state(asked.clone()))
+            .await;
     let dir = tempfile::tempdir().unwrap();
     let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
     let env = crate::common::llm_env(&base);
@@ -116,11 +120,13 @@ async fn answers_come_from_the_model_once_and_a_bad_reply_leaves_the_evidence() 
     assert_eq!(again["answer"], resp["answer"]);
     assert_eq!(asked.lock().unwrap().len(), 1, "asked once");
     // Evidence only, on request.
-    let (_, plain) = crate::common::post(&url, json!({"query": "sea wall cost", "mode": "flat", "answer": false}).to_string()).await;
+    let (_, plain) =
+        crate::common::post(&url, json!({"query": "sea wall cost", "mode": "flat", "answer": false}).to_string()).await;
     assert_eq!(plain["answer"], Value::Null);
     assert_eq!(asked.lock().unwrap().len(), 1);
     // A reply that is not the JSON asked for (after the client's repair round): the evidence, and why no answer.
-    let (status, bad) = crate::common::post(&url, json!({"query": "poison: the sea wall", "mode": "flat"}).to_string()).await;
+    let (status, bad) =
+        crate::common::post(&url, json!({"query": "poison: the sea wall", "mode": "flat"}).to_string()).await;
     assert_eq!(status, 200, "{bad}");
     assert_eq!(bad["answer"], Value::Null);
     assert!(bad["answer_error"].as_str().unwrap().contains("answer"), "{bad}");
