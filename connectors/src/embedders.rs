@@ -1,4 +1,4 @@
-//! The embedders beyond the built-in `hash` one (DESIGN §Embeddings):
+//! The embedders beyond the built-in `hash` one:
 //!
 //! * [`OpenAiEmbedder`] (in [`crate::openai::embeddings`], re-exported here): any OpenAI-compatible
 //!   `POST /v1/embeddings` (OpenAI, Ollama, vLLM, TEI, llama.cpp server), batched, under the same budget as the LLM

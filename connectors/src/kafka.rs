@@ -3,7 +3,7 @@
 //! **Source.** [`KafkaSource`] reads the configured topics as a member of a consumer group with manual assignment:
 //! its [`Share`] of the partitions of the topics (all of them for a single process), each from (in order of precedence) the offset after the last one the input log
 //! holds (a restart resumes exactly where the memory is), the group's committed offset, or the beginning. Each
-//! message is a record (DESIGN §Records); its key names the space. Positions are `kafka:TOPIC/PARTITION` with
+//! message is a record; its key names the space. Positions are `kafka:TOPIC/PARTITION` with
 //! Kafka's offsets, so the input log, read-your-writes (`?after=TOPIC:PARTITION:OFFSET`) and commits speak Kafka's
 //! terms. Offsets are committed to the group only once the views reflect them ([`Source::commit`]); a redelivered
 //! record replaces itself, so at-least-once input gives exactly-once memory.

@@ -135,12 +135,13 @@ async fn retries_429_500_and_malformed_then_answers() {
 async fn a_wrong_shape_is_repaired_once_then_a_typed_error() {
     let (srv, url) = start(vec![Step::Reply("{\"sumary\": \"typo\"}".into()), Step::Reply(summary("fixed"))]).await;
     assert_eq!(summarize(llm(config(url)), vec!["x".into()]).await, Ok("fixed".into()));
-    let seen = srv.seen.lock().unwrap();
-    assert_eq!(seen.len(), 2);
-    let repair = seen[1].1["messages"].as_array().unwrap();
-    assert_eq!(repair.len(), 4, "the bad reply and the correction are sent back");
-    assert!(repair[3]["content"].as_str().unwrap().contains("missing `summary`"));
-    drop(seen);
+    {
+        let seen = srv.seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        let repair = seen[1].1["messages"].as_array().unwrap();
+        assert_eq!(repair.len(), 4, "the bad reply and the correction are sent back");
+        assert!(repair[3]["content"].as_str().unwrap().contains("missing `summary`"));
+    }
 
     let (srv, url) = start(vec![Step::Reply("not json at all".into()), Step::Reply("[1,2]".into())]).await;
     let out = summarize(llm(config(url)), vec!["x".into()]).await;

@@ -1,4 +1,4 @@
-//! The embedder trait and the built-in `hash` embedder (DESIGN §Embeddings).
+//! The embedder trait and the built-in `hash` embedder.
 
 use crate::hash::mixed;
 use crate::model::Embedding;

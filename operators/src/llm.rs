@@ -161,6 +161,13 @@ pub struct EventIn {
     pub time: Option<String>,
 }
 
+impl From<&EventDraft> for EventIn {
+    /// A drafted event as the relation stage sees it (no id yet).
+    fn from(d: &EventDraft) -> Self {
+        EventIn { id: String::new(), summary: d.summary.clone(), people: d.people.clone(), time: d.time.clone() }
+    }
+}
+
 /// A typed, directed relation between two events of the input (indices): `from` relates to `to` as `kind`
 /// (`from` caused `to`, `from` happened before `to`, …).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

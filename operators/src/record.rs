@@ -1,4 +1,4 @@
-//! Input records (DESIGN §Records): parsed with serde_json, then validated field by field so that every reject says
+//! Input records: parsed with serde_json, then validated field by field so that every reject says
 //! exactly what is wrong. Parsing never panics; a reject is data (an [`Reject`]), not an error path.
 
 use serde_json::{Map, Value};

@@ -79,15 +79,7 @@ impl ModelRequest {
             }
             ModelRequest::Session { conversation, session, turns } => {
                 let events = llm.segment(turns)?;
-                let ins: Vec<EventIn> = events
-                    .iter()
-                    .map(|e| EventIn {
-                        id: String::new(),
-                        summary: e.summary.clone(),
-                        people: e.people.clone(),
-                        time: e.time.clone(),
-                    })
-                    .collect();
+                let ins: Vec<EventIn> = events.iter().map(EventIn::from).collect();
                 let relations = if ins.len() > 1 { llm.relate(&ins)? } else { Vec::new() };
                 let answer = SessionAnswer {
                     events,

@@ -299,10 +299,9 @@ impl SimilarityIndex {
 
     /// Records the state of pair (a, b) before the batch touches it.
     fn touch(&self, a: &Arc<str>, b: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
-        let p = Self::pair(a, b);
-        if !before.contains_key(&p) {
-            let state = self.edge_state(&p.0, &p.1);
-            before.insert(p, state);
+        if let std::collections::btree_map::Entry::Vacant(e) = before.entry(Self::pair(a, b)) {
+            let state = self.edge_state(&e.key().0, &e.key().1);
+            e.insert(state);
         }
     }
 

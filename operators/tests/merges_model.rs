@@ -42,11 +42,11 @@ fn expected(live: &BTreeSet<Ev>) -> BTreeSet<(String, String, String)> {
         }
     }
     let mut group: BTreeMap<usize, String> = BTreeMap::new();
-    for i in 0..items.len() {
+    for (i, item) in items.iter().enumerate() {
         let r = find(&mut parent, i);
-        let g = group.entry(r).or_insert_with(|| items[i].1.clone());
-        if items[i].1 < *g {
-            *g = items[i].1.clone();
+        let g = group.entry(r).or_insert_with(|| item.1.clone());
+        if item.1 < *g {
+            *g = item.1.clone();
         }
     }
     (0..items.len())

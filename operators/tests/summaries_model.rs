@@ -71,7 +71,7 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
                 *live.entry((r.0.clone(), r.3.clone())).or_default() += d;
             }
             live.retain(|_, d| *d != 0);
-            for (k, _) in &live {
+            for k in live.keys() {
                 s.insert((k.clone(), format!("sum:{}", k.1)));
             }
             live.clear();
@@ -109,7 +109,7 @@ fn requests_are_answered_layer_by_layer_and_again_after_a_change() {
     assert!(layer1_at_0.len() >= 2, "both cliques are requested at once");
     assert!(reqs[&0].iter().all(|(r, _)| r.1 == 1), "layer 2 waits for layer 1's summaries");
     let mut summarized: BTreeMap<(String, String), isize> = BTreeMap::new();
-    for (_, ts) in &texts {
+    for ts in texts.values() {
         for (((s, c), _), d) in ts {
             *summarized.entry((s.clone(), c.clone())).or_default() += d;
         }

@@ -32,7 +32,7 @@ pub struct EvalArgs {
     /// (e.g. ../shared/data/qmsum/val).
     #[arg(long)]
     data: PathBuf,
-    /// Modes to evaluate (default: flat and prune-and-grow).
+    /// Modes to evaluate (default: flat, prune-and-grow and compass).
     #[arg(long = "mode", value_parser = ["flat", "prune-and-grow", "compass"])]
     modes: Vec<String>,
     /// Evidence budgets in words.

@@ -15,15 +15,7 @@ pub fn session_events(
 ) -> (Vec<EventRow>, Vec<RelationRow>) {
     let (_, input) = sorted_turns(turns);
     let drafts = extractive_segments(&input, p);
-    let ins: Vec<EventIn> = drafts
-        .iter()
-        .map(|d| EventIn {
-            id: String::new(),
-            summary: d.summary.clone(),
-            people: d.people.clone(),
-            time: d.time.clone(),
-        })
-        .collect();
+    let ins: Vec<EventIn> = drafts.iter().map(EventIn::from).collect();
     let rels = extractive_relations(&ins);
     rows(conversation, session, &input, drafts, rels)
 }

@@ -62,7 +62,7 @@ where
     let scope = nodes.scope();
     Hierarchy {
         layers,
-        clusters: differential_dataflow::collection::concatenate(scope.clone(), all_clusters),
+        clusters: differential_dataflow::collection::concatenate(scope, all_clusters),
         edges: differential_dataflow::collection::concatenate(scope, all_edges),
     }
 }
@@ -324,7 +324,7 @@ where
     }
     let scope = summaries.scope();
     Summaries {
-        texts: differential_dataflow::collection::concatenate(scope.clone(), texts),
+        texts: differential_dataflow::collection::concatenate(scope, texts),
         requests: differential_dataflow::collection::concatenate(scope, requests),
     }
 }

@@ -48,7 +48,7 @@ impl OperatorProfile {
     pub(super) fn report(&self, worker: usize) {
         let mut st = self.state.borrow_mut();
         let mut busy: Vec<(usize, Duration)> = st.busy.drain().collect();
-        busy.sort_by(|a, b| b.1.cmp(&a.1));
+        busy.sort_by_key(|b| std::cmp::Reverse(b.1));
         let total: f64 = busy.iter().map(|b| b.1.as_secs_f64()).sum();
         eprintln!("profile (worker {worker}): {total:.3}s in operators");
         for (id, d) in busy.iter().take(15) {
@@ -84,7 +84,7 @@ impl OperatorProfile {
             e.1 += 1;
         }
         let mut by_name: Vec<_> = by_name.into_iter().collect();
-        by_name.sort_by(|a, b| b.1 .0.cmp(&a.1 .0));
+        by_name.sort_by_key(|b| std::cmp::Reverse(b.1 .0));
         for (name, (d, n)) in by_name.iter().take(15) {
             eprintln!("  {:>8.3}s  {n:>5} × {name}", d.as_secs_f64());
         }

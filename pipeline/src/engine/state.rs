@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use connectors::input_log::LoggedRecord;
 use connectors::{DeadLetter, InputLog, LoggedResponse, ResponseLog};
 use operators::extractive::Extractive;
 use operators::llm::Llm;
@@ -137,28 +138,7 @@ impl Shared {
         let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
         let (as_of, _) = watch::channel(None);
-        let mut items = Vec::new();
-        let mut max_epoch = None;
-        let mut resume: HashMap<String, u64> = HashMap::new();
-        for r in &replay.records {
-            max_epoch = max_epoch.max(Some(r.epoch));
-            if let (Some(src), Some(off)) = (&r.source, r.offset) {
-                let e = resume.entry(src.clone()).or_default();
-                *e = (*e).max(off);
-            }
-            if r.record.is_null() {
-                continue;
-            }
-            match operators::record::from_value(r.record.clone(), Some(&r.space), &limits) {
-                Ok(rec) => items.push(Item::Record(rec)),
-                // Logged records were valid when logged; a config change (smaller limits) can reject them now.
-                Err(e) => items.push(Item::Reject(ErrorRow {
-                    source: "replay".into(),
-                    reason: e.to_string(),
-                    raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
-                })),
-            }
-        }
+        let (mut items, max_epoch, resume) = replay_records(&replay.records, &limits);
         if !items.is_empty() {
             metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
             tracing::info!(records = items.len(), "replaying the input log");
@@ -229,4 +209,32 @@ impl Shared {
     pub fn has_model(&self) -> bool {
         self.config.llm.has_model()
     }
+}
+
+/// The input log's records as queue items (a record the current limits reject becomes an error row), the highest
+/// epoch they were logged at, and each source's last logged offset (where it resumes).
+fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<Item>, Option<u64>, HashMap<String, u64>) {
+    let mut items = Vec::new();
+    let mut max_epoch = None;
+    let mut resume: HashMap<String, u64> = HashMap::new();
+    for r in records {
+        max_epoch = max_epoch.max(Some(r.epoch));
+        if let (Some(src), Some(off)) = (&r.source, r.offset) {
+            let e = resume.entry(src.clone()).or_default();
+            *e = (*e).max(off);
+        }
+        if r.record.is_null() {
+            continue;
+        }
+        match operators::record::from_value(r.record.clone(), Some(&r.space), limits) {
+            Ok(rec) => items.push(Item::Record(rec)),
+            // Logged records were valid when logged; a config change (smaller limits) can reject them now.
+            Err(e) => items.push(Item::Reject(ErrorRow {
+                source: "replay".into(),
+                reason: e.to_string(),
+                raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
+            })),
+        }
+    }
+    (items, max_epoch, resume)
 }

@@ -201,8 +201,7 @@ pub fn compass(
         }
     }
     // Rank every layer-0 node; a turn of a kept event inherits from the event what a turn inherits from its
-    // neighbour (0.9 before relevance was fused: 0.679 recall at 500 words on LoCoMo with the hash embedder, 0.731
-    // at 0.6; 0.4 and 0.75 lose too).
+    // neighbour.
     let lift_share = CONTEXT;
     let mut ranked: Vec<(f32, &Node, &'static str)> = view
         .nodes

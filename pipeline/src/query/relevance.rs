@@ -28,12 +28,11 @@ pub const LEXICAL_WEIGHT: f32 = 1.0;
 pub const NAME_WEIGHT: f32 = 0.3;
 /// The share of a neighbour's score that a layer-0 node inherits.
 pub const CONTEXT: f32 = 0.6;
-/// The weight of a layer-0 node's cosine read together with the node before it, against its own cosine (LoCoMo,
-/// 500 words, the Python replica: MiniLM 0.767 → 0.786, hash 0.719 → 0.728; 0.3 to 0.7 within 0.01 of it).
+/// The weight of a layer-0 node's cosine read together with the node before it, against its own cosine (a turn is
+/// often an answer to the one before it; docs/EVAL.md has what it adds).
 pub const PREVIOUS: f32 = 0.5;
 /// The share of the gap between its segment's best score and the best segment's that a node loses (the answer's
-/// session holds more of it: LoCoMo, 500 words, the Python replica: MiniLM 0.786 → 0.812, hash 0.728 → 0.752; 250
-/// and 1,000 words gain as much).
+/// session holds more of it; docs/EVAL.md has what it adds).
 pub const SEGMENT: f32 = 0.5;
 
 pub struct Relevance<'a> {
