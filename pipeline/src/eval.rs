@@ -179,10 +179,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
         Dataset::Locomo => load_locomo(&args.data)?,
         Dataset::Qmsum => load_qmsum(&args.data)?,
     };
-    let dataset = match args.dataset {
-        Dataset::Locomo => "locomo",
-        Dataset::Qmsum => "qmsum",
-    };
+    let modes = parse_modes(&args.modes)?;
     let dir = tempfile_dir()?;
     let overrides = Overrides { data_dir: Some(dir.clone()), ..Overrides::default() };
     let mut env: Vec<(String, String)> = std::env::vars().collect();
@@ -199,45 +196,12 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     shared.queue_records(records);
     let started = Instant::now();
     engine.start(timely::Config::thread())?;
-    // Settled: the records are in and no cluster waits for a summary (for two looks in a row). A model that keeps
-    // failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
-    let mut quiet = 0;
-    let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of.borrow().is_some_and(|a| a >= e));
-        let pending = shared.views.read().expect("views").request_count();
-        quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
-        if quiet >= 2 {
-            break;
-        }
-        if pending != last_pending {
-            (last_pending, progress) = (pending, Instant::now());
-        } else if settled && progress.elapsed() > Duration::from_secs(60) {
-            eprintln!("warning: {pending} summary or segmentation requests made no progress for a minute (is the model failing?); evaluating without them");
-            break;
-        }
-    }
+    settle(&shared);
     let build_seconds = started.elapsed().as_secs_f64();
     eprintln!("ingested {turns} turns in {build_seconds:.1}s; {} questions", questions.len());
     let groupings = compare_groupings(&shared, &questions);
-    let modes: Vec<Mode> = if args.modes.is_empty() {
-        vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]
-    } else {
-        args.modes
-            .iter()
-            .map(|m| match m.as_str() {
-                "flat" => Mode::Flat,
-                "compass" => Mode::Compass,
-                _ => Mode::PruneAndGrow,
-            })
-            .collect()
-    };
-    // (mode, budget, category) → (n, recall sum)
-    let mut acc: BTreeMap<(&'static str, usize, String), (usize, f64)> = BTreeMap::new();
-    // With a model: (mode, budget, category) → scores of the generated answers.
+    let mut tally = Tally::default();
     let answering = shared.has_model();
-    let mut scored: BTreeMap<(&'static str, usize, String), Scores> = BTreeMap::new();
     // A progress bar on a terminal; plain lines every 100 questions otherwise (CI logs, files).
     let bar = indicatif::ProgressBar::new(questions.len() as u64);
     bar.set_style(
@@ -267,115 +231,170 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
                     use_model: None,
                 };
                 let resp = crate::service::execute(&shared, &q.space, &req)?;
-                if let (true, Some(gold)) = (answer, &q.answer) {
-                    let predicted = resp.answer.clone().unwrap_or_default();
-                    if let Some(err) = &resp.answer_error {
-                        tracing::warn!(question = %q.text, error = %err, "no answer; scored as empty");
-                    }
-                    for cat in [q.category.to_string(), "all".to_string()] {
-                        scored.entry((mode.as_str(), budget, cat)).or_default().add(
-                            &predicted,
-                            gold,
-                            resp.answer_error.is_some(),
-                        );
-                    }
-                }
-                let mut found: BTreeSet<String> = BTreeSet::new();
-                for e in resp.evidence.iter().filter(|e| e.layer == 0) {
-                    let ids: Vec<String> = match e.source.get("nodes").and_then(Value::as_array) {
-                        Some(ns) => ns.iter().filter_map(|n| n.as_str().map(String::from)).collect(),
-                        None => vec![e.id.clone()],
-                    };
-                    found.extend(ids.into_iter().filter_map(|id| id.split_once('#').map(|(_, t)| t.to_string())));
-                }
-                let recall = q.gold.intersection(&found).count() as f64 / q.gold.len() as f64;
-                for cat in [q.category.to_string(), "all".to_string()] {
-                    let e = acc.entry((mode.as_str(), budget, cat)).or_default();
-                    e.0 += 1;
-                    e.1 += recall;
-                }
+                tally.add(q, mode, budget, answer, &resp);
             }
         }
     }
     bar.finish_and_clear();
     engine.stop()?;
-    let results: Vec<Value> = acc
-        .iter()
-        .map(|(key, (n, s))| {
-            let (m, b, c) = key;
-            let mut row = json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64});
-            if let Some(sc) = scored.get(key) {
-                let obj = row.as_object_mut().expect("an object");
-                obj.insert("answered".into(), json!(sc.n));
-                obj.insert("answer_errors".into(), json!(sc.errors));
-                match args.dataset {
-                    Dataset::Locomo => {
-                        obj.insert("f1".into(), json!(sc.mean(sc.f1)));
-                        obj.insert("bleu1".into(), json!(sc.mean(sc.bleu1)));
-                    }
-                    Dataset::Qmsum => {
-                        obj.insert("rouge_l".into(), json!(sc.mean(sc.rouge_l)));
-                    }
-                }
-            }
-            row
-        })
-        .collect();
-    let categories: Vec<(String, &str)> = match args.dataset {
-        Dataset::Locomo => vec![
-            ("1".into(), "cat 1 multi-hop"),
-            ("2".into(), "cat 2 temporal"),
-            ("3".into(), "cat 3 open"),
-            ("4".into(), "cat 4 single-hop"),
-        ],
-        Dataset::Qmsum => vec![("specific".into(), "specific"), ("general".into(), "general")],
-    };
-    println!("| mode | budget | all | {} |", categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | "));
-    println!("|---|---|---|{}", "---|".repeat(categories.len()));
-    for &mode in &modes {
-        for &b in &args.budgets {
-            let cell = |c: &str| {
-                acc.get(&(mode.as_str(), b, c.to_string()))
-                    .map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64))
-            };
-            let cells: Vec<String> = categories.iter().map(|c| cell(&c.0)).collect();
-            println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
-        }
-    }
-    if !scored.is_empty() {
-        let metric = match args.dataset {
-            Dataset::Locomo => "answer F1 / BLEU-1",
-            Dataset::Qmsum => "answer ROUGE-L",
-        };
-        println!();
-        println!(
-            "| mode | budget | {metric} (all) | {} |",
-            categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | ")
-        );
-        println!("|---|---|---|{}", "---|".repeat(categories.len()));
-        for &mode in &modes {
-            for &b in &args.budgets {
-                let cell = |c: &str| {
-                    scored.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |sc| match args.dataset {
-                        Dataset::Locomo => format!("{:.3} / {:.3} ({})", sc.mean(sc.f1), sc.mean(sc.bleu1), sc.n),
-                        Dataset::Qmsum => format!("{:.3} ({})", sc.mean(sc.rouge_l), sc.n),
-                    })
-                };
-                let cells: Vec<String> = categories.iter().map(|c| cell(&c.0)).collect();
-                println!("| {} | {b} | {} | {} |", mode.as_str(), cell("all"), cells.join(" | "));
-            }
-        }
-    }
+    tally.print(args.dataset, &modes, &args.budgets);
     if let Some(out) = args.out {
-        std::fs::write(
-            &out,
-            serde_json::to_string_pretty(
-                &json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings}),
-            )?,
-        )?;
+        let dataset = match args.dataset {
+            Dataset::Locomo => "locomo",
+            Dataset::Qmsum => "qmsum",
+        };
+        let results = tally.rows(args.dataset);
+        let report =
+            json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings});
+        std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The modes `--mode` names (all three when it names none); an unknown name is an error.
+fn parse_modes(names: &[String]) -> anyhow::Result<Vec<Mode>> {
+    if names.is_empty() {
+        return Ok(vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]);
+    }
+    names
+        .iter()
+        .map(|m| {
+            serde_json::from_value(json!(m))
+                .map_err(|_| anyhow::anyhow!("--mode {m:?}: expected flat, prune-and-grow or compass"))
+        })
+        .collect()
+}
+
+/// Waits until the records are in and no request waits for the model (for two looks in a row). A model that keeps
+/// failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
+fn settle(shared: &Shared) {
+    let mut quiet = 0;
+    let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of.borrow().is_some_and(|a| a >= e));
+        let pending = shared.views.read().expect("views").request_count();
+        quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
+        if quiet >= 2 {
+            return;
+        }
+        if pending != last_pending {
+            (last_pending, progress) = (pending, Instant::now());
+        } else if settled && progress.elapsed() > Duration::from_secs(60) {
+            eprintln!("warning: {pending} summary or segmentation requests made no progress for a minute (is the model failing?); evaluating without them");
+            return;
+        }
+    }
+}
+
+/// (mode, budget, category).
+type Cell = (&'static str, usize, String);
+
+/// Recall and answer scores, per mode, budget and category (and `"all"`).
+#[derive(Default)]
+struct Tally {
+    /// → (questions, recall sum).
+    recall: BTreeMap<Cell, (usize, f64)>,
+    /// With a model: → scores of the generated answers.
+    scored: BTreeMap<Cell, Scores>,
+}
+
+impl Tally {
+    fn add(&mut self, q: &Question, mode: Mode, budget: usize, answered: bool, resp: &crate::query::QueryResponse) {
+        if let (true, Some(gold)) = (answered, &q.answer) {
+            let predicted = resp.answer.clone().unwrap_or_default();
+            if let Some(err) = &resp.answer_error {
+                tracing::warn!(question = %q.text, error = %err, "no answer; scored as empty");
+            }
+            for cat in [q.category.to_string(), "all".to_string()] {
+                let failed = resp.answer_error.is_some();
+                self.scored.entry((mode.as_str(), budget, cat)).or_default().add(&predicted, gold, failed);
+            }
+        }
+        let mut found: BTreeSet<String> = BTreeSet::new();
+        for e in resp.evidence.iter().filter(|e| e.layer == 0) {
+            let ids: Vec<String> = match e.source.get("nodes").and_then(Value::as_array) {
+                Some(ns) => ns.iter().filter_map(|n| n.as_str().map(String::from)).collect(),
+                None => vec![e.id.clone()],
+            };
+            found.extend(ids.into_iter().filter_map(|id| id.split_once('#').map(|(_, t)| t.to_string())));
+        }
+        let recall = q.gold.intersection(&found).count() as f64 / q.gold.len() as f64;
+        for cat in [q.category.to_string(), "all".to_string()] {
+            let e = self.recall.entry((mode.as_str(), budget, cat)).or_default();
+            e.0 += 1;
+            e.1 += recall;
+        }
+    }
+
+    /// The `--out` rows.
+    fn rows(&self, dataset: Dataset) -> Vec<Value> {
+        self.recall
+            .iter()
+            .map(|(key, (n, s))| {
+                let (m, b, c) = key;
+                let mut row = json!({"mode": m, "budget_words": b, "category": c, "n": n, "recall": s / *n as f64});
+                if let Some(sc) = self.scored.get(key) {
+                    let obj = row.as_object_mut().expect("an object");
+                    obj.insert("answered".into(), json!(sc.n));
+                    obj.insert("answer_errors".into(), json!(sc.errors));
+                    match dataset {
+                        Dataset::Locomo => {
+                            obj.insert("f1".into(), json!(sc.mean(sc.f1)));
+                            obj.insert("bleu1".into(), json!(sc.mean(sc.bleu1)));
+                        }
+                        Dataset::Qmsum => {
+                            obj.insert("rouge_l".into(), json!(sc.mean(sc.rouge_l)));
+                        }
+                    }
+                }
+                row
+            })
+            .collect()
+    }
+
+    /// The markdown tables: recall, and with a model the answer scores.
+    fn print(&self, dataset: Dataset, modes: &[Mode], budgets: &[usize]) {
+        let categories: Vec<(String, &str)> = match dataset {
+            Dataset::Locomo => vec![
+                ("1".into(), "cat 1 multi-hop"),
+                ("2".into(), "cat 2 temporal"),
+                ("3".into(), "cat 3 open"),
+                ("4".into(), "cat 4 single-hop"),
+            ],
+            Dataset::Qmsum => vec![("specific".into(), "specific"), ("general".into(), "general")],
+        };
+        let names = categories.iter().map(|c| c.1).collect::<Vec<_>>().join(" | ");
+        let table = |head: &str, cell: &dyn Fn(Mode, usize, &str) -> String| {
+            println!("| mode | budget | {head} | {names} |");
+            println!("|---|---|---|{}", "---|".repeat(categories.len()));
+            for &mode in modes {
+                for &b in budgets {
+                    let cells: Vec<String> = categories.iter().map(|c| cell(mode, b, &c.0)).collect();
+                    println!("| {} | {b} | {} | {} |", mode.as_str(), cell(mode, b, "all"), cells.join(" | "));
+                }
+            }
+        };
+        table("all", &|mode, b, c| {
+            self.recall
+                .get(&(mode.as_str(), b, c.to_string()))
+                .map_or("-".into(), |(n, s)| format!("{:.3} ({n})", s / *n as f64))
+        });
+        if !self.scored.is_empty() {
+            let metric = match dataset {
+                Dataset::Locomo => "answer F1 / BLEU-1",
+                Dataset::Qmsum => "answer ROUGE-L",
+            };
+            println!();
+            table(&format!("{metric} (all)"), &|mode, b, c| {
+                self.scored.get(&(mode.as_str(), b, c.to_string())).map_or("-".into(), |sc| match dataset {
+                    Dataset::Locomo => format!("{:.3} / {:.3} ({})", sc.mean(sc.f1), sc.mean(sc.bleu1), sc.n),
+                    Dataset::Qmsum => format!("{:.3} ({})", sc.mean(sc.rouge_l), sc.n),
+                })
+            });
+        }
+    }
 }
 
 /// The two ways the memory groups turns, compared on the questions' evidence: CompassMem's topics (k-means over
