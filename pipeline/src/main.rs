@@ -243,42 +243,57 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
     tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
-    let (api_app, admin_app) = (http::api(shared.clone()), http::admin(shared.clone()));
-    let (asks, once) = (args.asks.clone(), args.once);
-    rt.block_on(async move {
-        let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
-        let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
-        let a = tokio::spawn(async move {
-            axum::serve(api, api_app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx1.recv().await;
-                })
-                .await
-        });
-        let b = tokio::spawn(async move {
-            axum::serve(admin, admin_app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx2.recv().await;
-                })
-                .await
-        });
-        // Stops on a signal, or once the --ask answers are out with --once.
-        let after_asks = async move {
-            if !answer_asks(shared, asks, ask_mode, once).await {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            _ = signals.recv() => {}
-            _ = after_asks => {}
-        }
-        tracing::info!("stopping: finishing the open epoch");
-        let _ = tx.send(());
-        let _ = a.await;
-        let _ = b.await;
-    });
+    let asks = Asks { asks: args.asks.clone(), mode: ask_mode, once: args.once };
+    rt.block_on(serve(shared, (api, admin), asks, signals));
     engine.stop()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--ask` questions, their mode, and whether to stop once they are answered.
+struct Asks {
+    asks: Vec<String>,
+    mode: engram::query::Mode,
+    once: bool,
+}
+
+/// Serves the API and admin ports until a signal, or until the `--ask` answers are out with `--once`; then lets
+/// the servers finish their requests.
+async fn serve(
+    shared: std::sync::Arc<Shared>,
+    (api, admin): (tokio::net::TcpListener, tokio::net::TcpListener),
+    asks: Asks,
+    mut signals: http::Signals,
+) {
+    let (api_app, admin_app) = (http::api(shared.clone()), http::admin(shared.clone()));
+    let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
+    let a = tokio::spawn(async move {
+        axum::serve(api, api_app)
+            .with_graceful_shutdown(async move {
+                let _ = rx1.recv().await;
+            })
+            .await
+    });
+    let b = tokio::spawn(async move {
+        axum::serve(admin, admin_app)
+            .with_graceful_shutdown(async move {
+                let _ = rx2.recv().await;
+            })
+            .await
+    });
+    let after_asks = async move {
+        if !answer_asks(shared, asks.asks, asks.mode, asks.once).await {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = signals.recv() => {}
+        _ = after_asks => {}
+    }
+    tracing::info!("stopping: finishing the open epoch");
+    let _ = tx.send(());
+    let _ = a.await;
+    let _ = b.await;
 }
 
 /// Binds the API and admin listeners.

@@ -111,6 +111,125 @@ impl SpaceView {
         };
     }
 
+    fn apply_node(&mut self, node: Node, emb: Embedding, d: isize) {
+        if d > 0 {
+            self.lexical.insert(&node.id, &node.text);
+            self.order.entry(node.doc.clone()).or_default().insert(node.pos, node.id.clone());
+            self.nodes.insert(node.id.clone(), (node, emb));
+        } else if self.nodes.get(&node.id).is_some_and(|(n, _)| *n == node) {
+            self.lexical.remove(&node.id);
+            if let Some(o) = self.order.get_mut(&node.doc) {
+                if o.get(&node.pos) == Some(&node.id) {
+                    o.remove(&node.pos);
+                }
+                if o.is_empty() {
+                    self.order.remove(&node.doc);
+                }
+            }
+            self.nodes.remove(&node.id);
+            self.with_before.remove(&node.id);
+        }
+    }
+
+    fn apply_edge(&mut self, e: Edge, d: isize) {
+        if d > 0 {
+            self.adjacency.entry(e.u.clone()).or_default().insert(e.v.clone(), e.weight_micro);
+            self.adjacency.entry(e.v.clone()).or_default().insert(e.u.clone(), e.weight_micro);
+            self.edges += 1;
+        } else {
+            let mut removed = false;
+            for (a, b) in [(&e.u, &e.v), (&e.v, &e.u)] {
+                if let Some(m) = self.adjacency.get_mut(a) {
+                    if m.get(b) == Some(&e.weight_micro) {
+                        m.remove(b);
+                        removed = true;
+                    }
+                    if m.is_empty() {
+                        self.adjacency.remove(a);
+                    }
+                }
+            }
+            if removed {
+                self.edges -= 1;
+            }
+        }
+    }
+
+    fn apply_cluster(&mut self, layer: u32, c: String, m: String, d: isize) {
+        if d > 0 {
+            let cv = self.clusters.entry(c.clone()).or_default();
+            cv.layer = layer;
+            cv.members.insert(m.clone());
+            self.parents.entry(m).or_default().insert(c);
+        } else {
+            if let Some(cv) = self.clusters.get_mut(&c) {
+                cv.members.remove(&m);
+                if cv.members.is_empty() {
+                    self.clusters.remove(&c);
+                }
+            }
+            if let Some(p) = self.parents.get_mut(&m) {
+                p.remove(&c);
+                if p.is_empty() {
+                    self.parents.remove(&m);
+                }
+            }
+        }
+    }
+
+    fn apply_layer_edge(&mut self, u: String, v: String, w: u64, d: isize) {
+        let w = w.min(u64::from(u32::MAX)) as u32;
+        for (a, b) in [(&u, &v), (&v, &u)] {
+            if d > 0 {
+                self.adjacency.entry(a.clone()).or_default().insert(b.clone(), w);
+            } else if let Some(m) = self.adjacency.get_mut(a) {
+                if m.get(b) == Some(&w) {
+                    m.remove(b);
+                }
+                if m.is_empty() {
+                    self.adjacency.remove(a);
+                }
+            }
+        }
+    }
+
+    fn apply_summary(&mut self, layer: u32, c: String, text: String, d: isize, embed: &dyn Fn(&str) -> Embedding) {
+        if d > 0 {
+            let emb = embed(&text);
+            let cv = self.clusters.entry(c).or_default();
+            cv.layer = layer;
+            cv.summary_terms = operators::lexical::TermCounts::of(&text);
+            cv.summary = Some((text, emb));
+        } else if let Some(cv) = self.clusters.get_mut(&c) {
+            if cv.summary.as_ref().is_some_and(|(t, _)| *t == text) {
+                cv.summary = None;
+                cv.summary_terms = Default::default();
+            }
+            if cv.members.is_empty() && cv.summary.is_none() {
+                self.clusters.remove(&c);
+            }
+        }
+    }
+
+    fn apply_event(&mut self, e: operators::events::EventRow, d: isize, embed: &dyn Fn(&str) -> Embedding) {
+        if d > 0 {
+            let text = format!("{} ({})", e.summary, e.people.join(", "));
+            self.event_vectors.insert(e.id.clone(), embed(&text));
+            for t in &e.turns {
+                self.event_of.insert(t.clone(), e.id.clone());
+            }
+            self.events.insert(e.id.clone(), e);
+        } else if self.events.get(&e.id) == Some(&e) {
+            self.events.remove(&e.id);
+            self.event_vectors.remove(&e.id);
+            for t in &e.turns {
+                if self.event_of.get(t) == Some(&e.id) {
+                    self.event_of.remove(t);
+                }
+            }
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.nodes.is_empty()
             && self.edges == 0
@@ -162,104 +281,17 @@ impl Views {
             match u {
                 ViewUpdate::Node(space, node, emb) => {
                     moved.insert((space.clone(), node.doc.clone(), node.pos));
-                    let view = self.spaces.entry(space.clone()).or_default();
-                    if d > 0 {
-                        view.lexical.insert(&node.id, &node.text);
-                        view.order.entry(node.doc.clone()).or_default().insert(node.pos, node.id.clone());
-                        view.nodes.insert(node.id.clone(), (node, emb));
-                    } else if view.nodes.get(&node.id).is_some_and(|(n, _)| *n == node) {
-                        view.lexical.remove(&node.id);
-                        if let Some(o) = view.order.get_mut(&node.doc) {
-                            if o.get(&node.pos) == Some(&node.id) {
-                                o.remove(&node.pos);
-                            }
-                            if o.is_empty() {
-                                view.order.remove(&node.doc);
-                            }
-                        }
-                        view.nodes.remove(&node.id);
-                        view.with_before.remove(&node.id);
-                    }
+                    self.spaces.entry(space).or_default().apply_node(node, emb, d);
                 }
-                ViewUpdate::Edge(e) => {
-                    let view = self.spaces.entry(e.space.clone()).or_default();
-                    if d > 0 {
-                        view.adjacency.entry(e.u.clone()).or_default().insert(e.v.clone(), e.weight_micro);
-                        view.adjacency.entry(e.v.clone()).or_default().insert(e.u.clone(), e.weight_micro);
-                        view.edges += 1;
-                    } else {
-                        let mut removed = false;
-                        for (a, b) in [(&e.u, &e.v), (&e.v, &e.u)] {
-                            if let Some(m) = view.adjacency.get_mut(a) {
-                                if m.get(b) == Some(&e.weight_micro) {
-                                    m.remove(b);
-                                    removed = true;
-                                }
-                                if m.is_empty() {
-                                    view.adjacency.remove(a);
-                                }
-                            }
-                        }
-                        if removed {
-                            view.edges -= 1;
-                        }
-                    }
-                }
+                ViewUpdate::Edge(e) => self.spaces.entry(e.space.clone()).or_default().apply_edge(e, d),
                 ViewUpdate::Cluster(space, layer, c, m) => {
-                    let view = self.spaces.entry(space).or_default();
-                    if d > 0 {
-                        let cv = view.clusters.entry(c.clone()).or_default();
-                        cv.layer = layer;
-                        cv.members.insert(m.clone());
-                        view.parents.entry(m).or_default().insert(c);
-                    } else {
-                        if let Some(cv) = view.clusters.get_mut(&c) {
-                            cv.members.remove(&m);
-                            if cv.members.is_empty() {
-                                view.clusters.remove(&c);
-                            }
-                        }
-                        if let Some(p) = view.parents.get_mut(&m) {
-                            p.remove(&c);
-                            if p.is_empty() {
-                                view.parents.remove(&m);
-                            }
-                        }
-                    }
+                    self.spaces.entry(space).or_default().apply_cluster(layer, c, m, d)
                 }
                 ViewUpdate::LayerEdge(space, _layer, u, v, w) => {
-                    let view = self.spaces.entry(space).or_default();
-                    let w = w.min(u64::from(u32::MAX)) as u32;
-                    for (a, b) in [(&u, &v), (&v, &u)] {
-                        if d > 0 {
-                            view.adjacency.entry(a.clone()).or_default().insert(b.clone(), w);
-                        } else if let Some(m) = view.adjacency.get_mut(a) {
-                            if m.get(b) == Some(&w) {
-                                m.remove(b);
-                            }
-                            if m.is_empty() {
-                                view.adjacency.remove(a);
-                            }
-                        }
-                    }
+                    self.spaces.entry(space).or_default().apply_layer_edge(u, v, w, d)
                 }
                 ViewUpdate::Summary(space, layer, c, text) => {
-                    let view = self.spaces.entry(space).or_default();
-                    if d > 0 {
-                        let emb = embed(&text);
-                        let cv = view.clusters.entry(c).or_default();
-                        cv.layer = layer;
-                        cv.summary_terms = operators::lexical::TermCounts::of(&text);
-                        cv.summary = Some((text, emb));
-                    } else if let Some(cv) = view.clusters.get_mut(&c) {
-                        if cv.summary.as_ref().is_some_and(|(t, _)| *t == text) {
-                            cv.summary = None;
-                            cv.summary_terms = Default::default();
-                        }
-                        if cv.members.is_empty() && cv.summary.is_none() {
-                            view.clusters.remove(&c);
-                        }
-                    }
+                    self.spaces.entry(space).or_default().apply_summary(layer, c, text, d, embed)
                 }
                 ViewUpdate::Request(space, key, request) => {
                     let view = self.spaces.entry(space).or_default();
@@ -269,25 +301,7 @@ impl Views {
                         view.requests.remove(&key);
                     }
                 }
-                ViewUpdate::Event(space, e) => {
-                    let view = self.spaces.entry(space).or_default();
-                    if d > 0 {
-                        let text = format!("{} ({})", e.summary, e.people.join(", "));
-                        view.event_vectors.insert(e.id.clone(), embed(&text));
-                        for t in &e.turns {
-                            view.event_of.insert(t.clone(), e.id.clone());
-                        }
-                        view.events.insert(e.id.clone(), e);
-                    } else if view.events.get(&e.id) == Some(&e) {
-                        view.events.remove(&e.id);
-                        view.event_vectors.remove(&e.id);
-                        for t in &e.turns {
-                            if view.event_of.get(t) == Some(&e.id) {
-                                view.event_of.remove(t);
-                            }
-                        }
-                    }
-                }
+                ViewUpdate::Event(space, e) => self.spaces.entry(space).or_default().apply_event(e, d, embed),
                 ViewUpdate::Relation(space, r) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
