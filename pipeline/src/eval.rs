@@ -273,8 +273,8 @@ fn settle(shared: &Shared) {
     let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of.borrow().is_some_and(|a| a >= e));
-        let pending = shared.views.read().expect("views").request_count();
+        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of().is_some_and(|a| a >= e));
+        let pending = shared.views().request_count();
         quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
         if quiet >= 2 {
             return;
@@ -404,7 +404,7 @@ impl Tally {
 /// ratio is the lift. Printed as a table and returned for the JSON output.
 fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
     use std::collections::{HashMap, HashSet};
-    let views = shared.views.read().expect("views");
+    let views = shared.views();
     let mut out = Vec::new();
     for (name, by_topic) in [("topics (k-means over events)", true), ("CAM layer-1 clusters", false)] {
         // space → turn id (without the conversation prefix) → its groups.

@@ -79,7 +79,7 @@ pub fn admin(shared: Arc<Shared>) -> Router {
 }
 
 async fn healthz(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "as_of": *s.as_of.borrow()}))
+    Json(json!({"status": "ok", "as_of": s.as_of()}))
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -87,7 +87,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    let views = s.views.read().expect("views lock");
+    let views = s.views();
     let list: Vec<_> = views
         .spaces
         .iter()
@@ -105,7 +105,7 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
 }
 
 async fn errors(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    let views = s.views.read().expect("views lock");
+    let views = s.views();
     Json(json!({"total": views.errors_total, "recent": views.recent_errors}))
 }
 
@@ -174,7 +174,7 @@ fn parse_kafka_position(after: &str) -> Option<(String, u64)> {
 async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let Some(after) = after else { return Ok(()) };
     let wait = s.config.query.max_wait;
-    let mut rx = s.as_of.subscribe();
+    let mut rx = s.watch_as_of();
     let (reached, what) = match after.trim().parse::<u64>() {
         Ok(epoch) => {
             let reached =
@@ -188,7 +188,7 @@ async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
                 ))
             })?;
             // Positions change only with the views' as-of, so waking on it is enough.
-            let holds = || s.views.read().expect("views lock").holds(&source, offset);
+            let holds = || s.views().holds(&source, offset);
             let reached = tokio::time::timeout(wait, rx.wait_for(|_| holds())).await.map(|r| r.is_ok());
             (reached, format!("offset {offset} of {source}"))
         }
@@ -199,7 +199,7 @@ async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
         Err(_) => Err(AppError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
-            format!("the views did not reach {what} within {wait:?} (as of {:?})", *s.as_of.borrow()),
+            format!("the views did not reach {what} within {wait:?} (as of {:?})", s.as_of()),
         )),
     }
 }
@@ -228,7 +228,7 @@ async fn node(
     Query(params): Query<AfterParam>,
 ) -> Result<Json<serde_json::Value>, AppError> {
     wait_for(&s, params.after.as_deref()).await?;
-    let views = s.views.read().expect("views lock");
+    let views = s.views();
     let view = space_view(&views, &space)?;
     let mut neighbours: Vec<(String, u32)> =
         view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect()).unwrap_or_default();
@@ -303,7 +303,7 @@ async fn events(
     Query(params): Query<AfterParam>,
 ) -> Result<Json<serde_json::Value>, AppError> {
     wait_for(&s, params.after.as_deref()).await?;
-    let views = s.views.read().expect("views lock");
+    let views = s.views();
     let view = space_view(&views, &space)?;
     let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
     events.sort_by(|a, b| {
@@ -326,7 +326,7 @@ async fn pending_summaries(
     State(s): State<Arc<Shared>>,
     Path(space): Path<String>,
 ) -> Result<Json<serde_json::Value>, AppError> {
-    let views = s.views.read().expect("views lock");
+    let views = s.views();
     let view = space_view(&views, &space)?;
     let pending: Vec<_> = view
         .requests

@@ -76,13 +76,13 @@ pub fn execute(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryRespo
         // The model takes seconds: retrieve from a copy of the space, so the views (and the dataflow that writes
         // them) are never held while it thinks.
         let (view, as_of) = {
-            let views = s.views.read().expect("views lock");
+            let views = s.views();
             (views.spaces.get(space).ok_or_else(unknown)?.clone(), views.as_of)
         };
         let (evidence, trace) = retrieve(s, &view, &ModelGuide { shared: s, space }, req, k, budget);
         (evidence, trace, as_of)
     } else {
-        let views = s.views.read().expect("views lock");
+        let views = s.views();
         let view = views.spaces.get(space).ok_or_else(unknown)?;
         let (evidence, trace) = retrieve(s, view, &query::NoModel, req, k, budget);
         (evidence, trace, views.as_of)

@@ -102,7 +102,7 @@ impl Engine {
         }
         self.join_workers()?;
         self.shared.outputs.flush();
-        tracing::info!(as_of = ?*self.shared.as_of.borrow(), "stopped");
+        tracing::info!(as_of = ?self.shared.as_of(), "stopped");
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ pub(super) fn spawn_source(
             // Batches not yet reflected in the views: (epoch, highest position per source).
             let mut uncommitted: VecDeque<(u64, Vec<connectors::Position>)> = VecDeque::new();
             while !shared.stopping() {
-                let as_of = *shared.as_of.borrow();
+                let as_of = shared.as_of();
                 let mut done = Vec::new();
                 while uncommitted.front().is_some_and(|(e, _)| as_of.is_some_and(|a| *e <= a)) {
                     done.extend(uncommitted.pop_front().expect("front").1);

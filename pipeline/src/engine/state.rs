@@ -68,8 +68,9 @@ pub struct Shared {
     pub embedder: Arc<dyn Embedder>,
     pub(super) queue: Mutex<Queue>,
     /// What the dataflow has produced, as of `as_of`; written by the views sink alone.
-    pub views: RwLock<Views>,
-    pub as_of: watch::Sender<Option<u64>>,
+    pub(super) views: RwLock<Views>,
+    /// The last epoch the views reflect in full.
+    pub(super) as_of: watch::Sender<Option<u64>>,
     pub metrics: Metrics,
     shutdown: AtomicBool,
     pub(super) input_log: Mutex<InputLog>,
@@ -194,6 +195,21 @@ impl Shared {
             reason: reason.to_string(),
             raw: String::from_utf8_lossy(raw).chars().take(ERROR_RAW_CHARS).collect(),
         }
+    }
+
+    /// The views, read-locked (the views sink waits while this is held: keep it short).
+    pub fn views(&self) -> std::sync::RwLockReadGuard<'_, Views> {
+        self.views.read().expect("views lock")
+    }
+
+    /// The last epoch the views reflect in full, if any.
+    pub fn as_of(&self) -> Option<u64> {
+        *self.as_of.borrow()
+    }
+
+    /// Wakes on every change of [`Shared::as_of`].
+    pub fn watch_as_of(&self) -> watch::Receiver<Option<u64>> {
+        self.as_of.subscribe()
     }
 
     /// Asks every thread of the engine to finish: sources stop reading, the drivers feed what is queued and close.

@@ -65,7 +65,7 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
     };
     while !shared.stopping() {
         let waiting: Vec<Waiting> = {
-            let views = shared.views.read().expect("views lock");
+            let views = shared.views();
             let spaces = views.spaces.iter();
             spaces.flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone()))).collect()
         };
