@@ -1,5 +1,7 @@
 //! CompassMem's retrieval: a Planner, Explorers walking the event graph, a Responder.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+
 use serde_json::json;
 
 use operators::llm::Explore;
@@ -43,22 +45,8 @@ pub fn compass(
     budget_words: usize,
     topic_seeds: usize,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
-    use std::collections::{BTreeMap, HashMap};
     let mut trace = Vec::new();
-    let goals = match guide.plan(query) {
-        Ok(Some(goals)) => {
-            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the model's subgoals"}));
-            goals
-        }
-        other => {
-            if let Err(e) = other {
-                trace.push(json!({"step": "model-error", "stage": "plan", "error": e, "why": "the question and its clauses instead"}));
-            }
-            let goals = plan(query);
-            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the question and its clauses (no model)"}));
-            goals
-        }
-    };
+    let goals = subgoals(guide, query, &mut trace);
     if view.events.is_empty() {
         trace.push(json!({"step": "explore", "why": "no events in this space: the most relevant turns alone"}));
     }
@@ -76,126 +64,10 @@ pub fn compass(
         related.entry(r.from.as_str()).or_default().push((r.to.as_str(), kind));
         related.entry(r.to.as_str()).or_default().push((r.from.as_str(), kind));
     }
+    let explorer = Explorer { view, guide, query, related, k, topic_seeds };
     let mut reached: HashMap<&str, f32> = HashMap::new();
     for (g, rel) in goals.iter().zip(&rels) {
-        // An event: the best of its summary (and people) and its turns in context.
-        let score = |id: &str| -> f32 {
-            let e = &view.events[id];
-            let own = view.event_vectors.get(id).map_or(f32::MIN, |v| rel.dense(v));
-            e.turns.iter().filter_map(|t| rel.of(t)).fold(own, f32::max)
-        };
-        let mut ranked: Vec<(f32, &str)> = view.events.keys().map(|id| (score(id), id.as_str())).collect();
-        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        let best = ranked.first().map_or(0.0, |r| r.0);
-        // The Explorer's choice over some events: the model's, else the rule (within half of the best: expand).
-        let by_model = std::cell::Cell::new(false);
-        let decide = |cands: &[(&str, f32)], trace: &mut Vec<serde_json::Value>| -> Vec<Explore> {
-            let describe = |id: &str| {
-                let e = &view.events[id];
-                let mut d = clip(&e.summary, PROMPT_WORDS);
-                if !e.people.is_empty() {
-                    d.push_str(&format!(" (people: {})", e.people.join(", ")));
-                }
-                if let Some(t) = &e.time {
-                    d.push_str(&format!(" (time: {t})"));
-                }
-                d
-            };
-            let texts: Vec<String> = cands.iter().map(|(id, _)| describe(id)).collect();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            if !cands.is_empty() {
-                match guide.explore(query, g, &refs) {
-                    Ok(Some(actions)) => {
-                        by_model.set(true);
-                        return actions;
-                    }
-                    Ok(None) => {}
-                    Err(e) => trace.push(json!({"step": "model-error", "stage": "explore", "error": e, "why": "the similarity rule instead"})),
-                }
-            }
-            cands.iter().map(|(_, s)| if *s >= 0.5 * best { Explore::Expand } else { Explore::Skip }).collect()
-        };
-        // Seeds: the top-k events, and the other members of the first `topic_seeds` distinct topics among them.
-        let mut seeds: Vec<(&str, f32)> = ranked.iter().take(k).map(|r| (r.1, r.0)).collect();
-        let mut topics: Vec<&str> = Vec::new();
-        for (id, _) in &seeds {
-            if let Some(t) = view.topic_of.get(*id) {
-                if !topics.contains(&t.as_str()) && topics.len() < topic_seeds {
-                    topics.push(t);
-                }
-            }
-        }
-        if !topics.is_empty() {
-            let have: std::collections::HashSet<&str> = seeds.iter().map(|s| s.0).collect();
-            let mut more: Vec<(&str, f32)> = view
-                .topic_of
-                .iter()
-                .filter(|(e, t)| topics.contains(&t.as_str()) && !have.contains(e.as_str()))
-                .map(|(e, _)| (e.as_str(), score(e)))
-                .collect();
-            more.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            seeds.extend(more);
-        }
-        let kept = decide(&seeds, &mut trace);
-        let mut here: BTreeMap<&str, f32> = BTreeMap::new();
-        let mut frontier: Vec<(&str, f32)> = Vec::new();
-        for ((id, s), action) in seeds.iter().zip(kept) {
-            if action != Explore::Skip {
-                here.insert(id, *s);
-            }
-            if action == Explore::Expand {
-                frontier.push((id, *s));
-            }
-        }
-        let mut asked: std::collections::HashSet<&str> = seeds.iter().map(|s| s.0).collect();
-        let mut walked = Vec::new();
-        for _hop in 0..2 {
-            // Events one relation away, each at the best of its own score and 0.8 × where it was reached from.
-            let mut reach: BTreeMap<&str, (f32, &str, &str)> = BTreeMap::new();
-            for (id, s) in &frontier {
-                for (to, kind) in related.get(id).map(Vec::as_slice).unwrap_or(&[]) {
-                    let got = score(to).max(0.8 * s);
-                    if reach.get(to).is_none_or(|r| r.0 < got) {
-                        reach.insert(to, (got, id, kind));
-                    }
-                }
-            }
-            // Without a model an event already kept is reconsidered when reached at a better score.
-            let cands: Vec<(&str, f32)> =
-                reach
-                    .iter()
-                    .filter(|(to, (got, _, _))| {
-                        if by_model.get() {
-                            !asked.contains(*to)
-                        } else {
-                            here.get(*to).is_none_or(|old| old < got)
-                        }
-                    })
-                    .map(|(to, (got, _, _))| (*to, *got))
-                    .collect();
-            asked.extend(cands.iter().map(|c| c.0));
-            let kept = decide(&cands, &mut trace);
-            let mut next = Vec::new();
-            for ((to, got), action) in cands.iter().zip(kept) {
-                if action == Explore::Skip {
-                    continue;
-                }
-                here.insert(to, *got);
-                if action == Explore::Expand {
-                    next.push((*to, *got));
-                }
-                let (_, from, kind) = reach[to];
-                walked.push(json!({"from": from, "to": to, "relation": kind, "action": action}));
-            }
-            frontier = next;
-        }
-        let why = if by_model.get() {
-            "top-k events, then typed relations, as the model chose"
-        } else {
-            "top-k events, then typed relations within half of the best score"
-        };
-        trace.push(json!({"step": "explore", "subgoal": g, "events": here.len(), "walked": walked, "why": why}));
-        for (id, s) in here {
+        for (id, s) in explorer.explore(g, rel, &mut trace) {
             let e = reached.entry(id).or_insert(f32::MIN);
             *e = e.max(s + SEGMENT * rel.top);
         }
@@ -219,4 +91,179 @@ pub fn compass(
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     let out = super::passages(view, ranked, budget_words, &mut trace);
     (out, trace)
+}
+
+/// The Planner: the model's subgoals, or without one [`plan`]'s.
+fn subgoals(guide: &dyn Guide, query: &str, trace: &mut Vec<serde_json::Value>) -> Vec<String> {
+    match guide.plan(query) {
+        Ok(Some(goals)) => {
+            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the model's subgoals"}));
+            goals
+        }
+        other => {
+            if let Err(e) = other {
+                trace.push(json!({"step": "model-error", "stage": "plan", "error": e, "why": "the question and its clauses instead"}));
+            }
+            let goals = plan(query);
+            trace.push(json!({"step": "plan", "subgoals": goals, "why": "the question and its clauses (no model)"}));
+            goals
+        }
+    }
+}
+
+/// The Explorers of one query: the event graph walked per subgoal.
+struct Explorer<'a> {
+    view: &'a SpaceView,
+    guide: &'a dyn Guide,
+    query: &'a str,
+    /// Event → its related events (either direction) and the relation's kind.
+    related: HashMap<&'a str, Vec<(&'a str, &'a str)>>,
+    k: usize,
+    topic_seeds: usize,
+}
+
+impl<'a> Explorer<'a> {
+    /// An event's score for a subgoal: the best of its summary (and people) and its turns in context.
+    fn score(&self, rel: &Relevance, id: &str) -> f32 {
+        let e = &self.view.events[id];
+        let own = self.view.event_vectors.get(id).map_or(f32::MIN, |v| rel.dense(v));
+        e.turns.iter().filter_map(|t| rel.of(t)).fold(own, f32::max)
+    }
+
+    /// An event as the model sees it: summary, people, time.
+    fn describe(&self, id: &str) -> String {
+        let e = &self.view.events[id];
+        let mut d = clip(&e.summary, PROMPT_WORDS);
+        if !e.people.is_empty() {
+            d.push_str(&format!(" (people: {})", e.people.join(", ")));
+        }
+        if let Some(t) = &e.time {
+            d.push_str(&format!(" (time: {t})"));
+        }
+        d
+    }
+
+    /// The Explorer's choice over some events: the model's (and `by_model` is set), else the rule (within half of
+    /// the best: expand).
+    fn decide(
+        &self,
+        goal: &str,
+        cands: &[(&str, f32)],
+        best: f32,
+        by_model: &mut bool,
+        trace: &mut Vec<serde_json::Value>,
+    ) -> Vec<Explore> {
+        let texts: Vec<String> = cands.iter().map(|(id, _)| self.describe(id)).collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        if !cands.is_empty() {
+            match self.guide.explore(self.query, goal, &refs) {
+                Ok(Some(actions)) => {
+                    *by_model = true;
+                    return actions;
+                }
+                Ok(None) => {}
+                Err(e) => trace.push(json!({"step": "model-error", "stage": "explore", "error": e, "why": "the similarity rule instead"})),
+            }
+        }
+        cands.iter().map(|(_, s)| if *s >= 0.5 * best { Explore::Expand } else { Explore::Skip }).collect()
+    }
+
+    /// The seeds of a walk: the top-k events, and the other members of the first `topic_seeds` distinct topics among
+    /// them.
+    fn seeds(&self, rel: &Relevance, ranked: &[(f32, &'a str)]) -> Vec<(&'a str, f32)> {
+        let view = self.view;
+        let mut seeds: Vec<(&str, f32)> = ranked.iter().take(self.k).map(|r| (r.1, r.0)).collect();
+        let mut topics: Vec<&str> = Vec::new();
+        for (id, _) in &seeds {
+            if let Some(t) = view.topic_of.get(*id) {
+                if !topics.contains(&t.as_str()) && topics.len() < self.topic_seeds {
+                    topics.push(t);
+                }
+            }
+        }
+        if !topics.is_empty() {
+            let have: HashSet<&str> = seeds.iter().map(|s| s.0).collect();
+            let mut more: Vec<(&str, f32)> = view
+                .topic_of
+                .iter()
+                .filter(|(e, t)| topics.contains(&t.as_str()) && !have.contains(e.as_str()))
+                .map(|(e, _)| (e.as_str(), self.score(rel, e)))
+                .collect();
+            more.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+            seeds.extend(more);
+        }
+        seeds
+    }
+
+    /// One subgoal's walk: the seeds, then up to two hops along typed relations (each hop worth 0.8 of the event it
+    /// came from); the kept events with their scores.
+    fn explore(&self, goal: &str, rel: &Relevance, trace: &mut Vec<serde_json::Value>) -> BTreeMap<&'a str, f32> {
+        let mut ranked: Vec<(f32, &str)> =
+            self.view.events.keys().map(|id| (self.score(rel, id), id.as_str())).collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let best = ranked.first().map_or(0.0, |r| r.0);
+        let mut by_model = false;
+        let seeds = self.seeds(rel, &ranked);
+        let kept = self.decide(goal, &seeds, best, &mut by_model, trace);
+        let mut here: BTreeMap<&str, f32> = BTreeMap::new();
+        let mut frontier: Vec<(&str, f32)> = Vec::new();
+        for ((id, s), action) in seeds.iter().zip(kept) {
+            if action != Explore::Skip {
+                here.insert(id, *s);
+            }
+            if action == Explore::Expand {
+                frontier.push((id, *s));
+            }
+        }
+        let mut asked: HashSet<&str> = seeds.iter().map(|s| s.0).collect();
+        let mut walked = Vec::new();
+        for _hop in 0..2 {
+            // Events one relation away, each at the best of its own score and 0.8 × where it was reached from.
+            let mut reach: BTreeMap<&str, (f32, &str, &str)> = BTreeMap::new();
+            for (id, s) in &frontier {
+                for (to, kind) in self.related.get(id).map(Vec::as_slice).unwrap_or(&[]) {
+                    let got = self.score(rel, to).max(0.8 * s);
+                    if reach.get(to).is_none_or(|r| r.0 < got) {
+                        reach.insert(to, (got, id, kind));
+                    }
+                }
+            }
+            // Without a model an event already kept is reconsidered when reached at a better score.
+            let cands: Vec<(&str, f32)> = reach
+                .iter()
+                .filter(
+                    |(to, (got, _, _))| {
+                        if by_model {
+                            !asked.contains(*to)
+                        } else {
+                            here.get(*to).is_none_or(|old| old < got)
+                        }
+                    },
+                )
+                .map(|(to, (got, _, _))| (*to, *got))
+                .collect();
+            asked.extend(cands.iter().map(|c| c.0));
+            let kept = self.decide(goal, &cands, best, &mut by_model, trace);
+            let mut next = Vec::new();
+            for ((to, got), action) in cands.iter().zip(kept) {
+                if action == Explore::Skip {
+                    continue;
+                }
+                here.insert(to, *got);
+                if action == Explore::Expand {
+                    next.push((*to, *got));
+                }
+                let (_, from, kind) = reach[to];
+                walked.push(json!({"from": from, "to": to, "relation": kind, "action": action}));
+            }
+            frontier = next;
+        }
+        let why = if by_model {
+            "top-k events, then typed relations, as the model chose"
+        } else {
+            "top-k events, then typed relations within half of the best score"
+        };
+        trace.push(json!({"step": "explore", "subgoal": goal, "events": here.len(), "walked": walked, "why": why}));
+        here
+    }
 }
