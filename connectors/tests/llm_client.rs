@@ -131,6 +131,16 @@ async fn retries_429_500_and_malformed_then_answers() {
     assert_eq!(body["response_format"]["json_schema"]["schema"]["required"][0], "summary");
 }
 
+/// A `Retry-After` that is not a finite number of seconds (`NaN`, `inf`) waits the usual backoff instead of panicking
+/// the caller's thread.
+#[tokio::test]
+async fn a_retry_after_of_nan_or_inf_is_a_plain_retry() {
+    let steps = vec![Step::TooMany(f64::NAN), Step::TooMany(f64::INFINITY), Step::Reply(summary("after the storm"))];
+    let (srv, url) = start(steps).await;
+    assert_eq!(summarize(llm(config(url)), vec!["a storm".into()]).await, Ok("after the storm".into()));
+    assert_eq!(srv.seen.lock().unwrap().len(), 3, "both retried, nothing extra");
+}
+
 #[tokio::test]
 async fn a_wrong_shape_is_repaired_once_then_a_typed_error() {
     let (srv, url) = start(vec![Step::Reply("{\"sumary\": \"typo\"}".into()), Step::Reply(summary("fixed"))]).await;

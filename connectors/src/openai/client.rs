@@ -121,6 +121,13 @@ fn per_minute(n: u32) -> Quota {
     Quota::per_minute(NonZeroU32::new(n.max(1)).expect("positive")).allow_burst(burst)
 }
 
+/// A `Retry-After` header in seconds, at most 600; `None` for what is not a finite number of seconds (`NaN`,
+/// `inf`, an HTTP date), which then waits the usual backoff.
+pub fn retry_after(value: &str) -> Option<Duration> {
+    let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite())?;
+    Some(Duration::from_secs_f64(secs.clamp(0.0, 600.0)))
+}
+
 /// A rough token count (4 bytes a token): what the tokens-per-minute budget is charged before the reply says.
 pub fn estimate_tokens(s: &str) -> u32 {
     (s.len() / 4).max(1).min(u32::MAX as usize) as u32
@@ -322,12 +329,8 @@ impl OpenAiClient {
             retry_after: None,
         })?;
         let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|s| Duration::from_secs_f64(s.clamp(0.0, 600.0)));
+        let retry_after =
+            resp.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(retry_after);
         let text = resp
             .text()
             .await
@@ -342,5 +345,20 @@ impl OpenAiClient {
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Attempt::Retryable { why: format!("malformed response body: {e}"), retry_after: None })?;
         Ok((v, text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_finite_seconds_only() {
+        assert_eq!(retry_after(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(retry_after("-3"), Some(Duration::ZERO));
+        assert_eq!(retry_after("86400"), Some(Duration::from_secs(600)));
+        for bad in ["NaN", "nan", "inf", "-inf", "Wed, 21 Oct 2026 07:28:00 GMT", ""] {
+            assert_eq!(retry_after(bad), None, "{bad:?}");
+        }
     }
 }
