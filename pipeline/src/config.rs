@@ -39,6 +39,12 @@ pub struct IngestConfig {
     pub epoch_interval: Duration,
     pub epoch_max_records: usize,
     pub max_id_bytes: usize,
+    /// Most records in one HTTP ingest request.
+    pub max_records_per_request: usize,
+    /// Most rejects an ingest response lists (the rest are counted).
+    pub max_rejects_listed: usize,
+    /// Longest reject reason kept.
+    pub max_reason_chars: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +195,8 @@ pub struct QueryConfig {
     pub default_budget_words: usize,
     #[serde(with = "humantime_serde")]
     pub max_wait: Duration,
+    /// Longest question, in characters.
+    pub max_query_chars: usize,
     /// How many distinct topics among the top events seed `compass` with their other members.
     pub compass_topics: usize,
 }
@@ -274,6 +282,15 @@ impl Config {
         }
         if i.max_id_bytes == 0 {
             errs.push("ingest.max-id-bytes must be positive".into());
+        }
+        if i.max_records_per_request == 0 {
+            errs.push("ingest.max-records-per-request must be positive".into());
+        }
+        if i.max_reason_chars < 16 {
+            errs.push(format!("ingest.max-reason-chars = {} must be at least 16", i.max_reason_chars));
+        }
+        if self.query.max_query_chars == 0 {
+            errs.push("query.max-query-chars must be positive".into());
         }
         if !(self.events.judge_threshold > 0.0 && self.events.judge_threshold <= self.events.merge_threshold) {
             errs.push(format!(

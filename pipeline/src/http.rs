@@ -124,14 +124,30 @@ fn check_space(space: &str) -> Result<(), AppError> {
 async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: Bytes) -> Result<Response, AppError> {
     check_space(&space)?;
     let trimmed = body.trim_ascii_start();
+    let max = s.config.ingest.max_records_per_request;
+    let too_many = || {
+        AppError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_records",
+            format!("more than ingest.max-records-per-request = {max} records in one request; nothing was taken"),
+        )
+    };
     let raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>> = if trimmed.first() == Some(&b'[') {
-        let values: Vec<serde_json::Value> = serde_json::from_slice(trimmed)
-            .map_err(|e| AppError::bad_request(format!("body starts with '[' but is not a JSON array: {e}")))?;
-        values.into_iter().map(Ok).collect()
+        let mut de = serde_json::Deserializer::from_slice(trimmed);
+        let values = serde::de::DeserializeSeed::deserialize(Capped(max), &mut de).and_then(|v| de.end().map(|()| v));
+        match values {
+            Ok(values) => values.into_iter().map(Ok).collect(),
+            Err(e) if e.to_string().starts_with(TOO_MANY) => return Err(too_many()),
+            Err(e) => return Err(AppError::bad_request(format!("body starts with '[' but is not a JSON array: {e}"))),
+        }
     } else {
-        trimmed
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        let lines: Vec<&[u8]> =
+            trimmed.split(|b| *b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
+        if lines.len() > max {
+            return Err(too_many());
+        }
+        lines
+            .into_iter()
             .map(|line| operators::record::parse_json(line, &s.limits).map_err(|e| (line.to_vec(), e.to_string())))
             .collect()
     };
@@ -147,8 +163,39 @@ async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: B
         "receipt": receipt.epoch.map(|e| e.to_string()),
         "accepted": receipt.accepted,
         "rejected": rejected,
+        "rejected_total": receipt.rejected_total,
     }))
     .into_response())
+}
+
+/// How a capped array says it was cut (the start of its error message).
+const TOO_MANY: &str = "too many records";
+
+/// A JSON array of at most `.0` values: past it, an error starting [`TOO_MANY`], and the rest is never parsed.
+struct Capped(usize);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Capped {
+    type Value = Vec<serde_json::Value>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Capped {
+    type Value = Vec<serde_json::Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a JSON array of at most {} records", self.0)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element::<serde_json::Value>()? {
+            if out.len() == self.0 {
+                return Err(serde::de::Error::custom(TOO_MANY));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Deserialize)]

@@ -34,6 +34,12 @@ pub fn validate(s: &Shared, req: &QueryRequest) -> Result<(), QueryError> {
     if req.query.trim().is_empty() {
         return Err(QueryError::BadRequest("`query` must not be empty".into()));
     }
+    let (chars, max) = (req.query.chars().count(), s.config.query.max_query_chars);
+    if chars > max {
+        return Err(QueryError::BadRequest(format!(
+            "`query` has {chars} characters, more than query.max-query-chars = {max}"
+        )));
+    }
     let k = req.k.unwrap_or(s.config.query.default_k);
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     if !(1..=1000).contains(&k) {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use connectors::input_log::LoggedRecord;
 use operators::record::{from_value, parse_json};
-use operators::Record;
+use operators::{Record, Reject};
 
 use super::state::{Item, Queue, Shared};
 
@@ -23,7 +23,10 @@ pub enum IngestError {
 pub struct Receipt {
     pub epoch: Option<u64>,
     pub accepted: usize,
+    /// The first `ingest.max-rejects-listed` rejects: (index in the request, reason).
     pub rejected: Vec<(usize, String)>,
+    /// Every reject, listed or not.
+    pub rejected_total: usize,
 }
 
 impl Shared {
@@ -41,23 +44,35 @@ impl Shared {
         let mut accepted = Vec::new();
         let mut rejects = Vec::new();
         let mut rejected = Vec::new();
+        let listed = self.config.ingest.max_rejects_listed;
         for (i, raw) in raws.into_iter().enumerate() {
             let source = format!("http:{space}:{i}");
-            match raw {
-                Ok(value) => match from_value(value.clone(), Some(space), &self.limits) {
-                    Ok(rec) => accepted.push((rec, value)),
-                    Err(e) => {
-                        let reason = e.to_string();
-                        rejects.push(self.reject("http", &source, &reason, value.to_string().as_bytes()));
-                        rejected.push((i, reason));
+            let (reason, bytes) = match raw {
+                Ok(value) => {
+                    // An array element is held to the same size as an NDJSON line.
+                    let text = value.to_string();
+                    let checked = if text.len() > self.limits.max_record_bytes {
+                        Err(Reject::TooLarge { size: text.len(), limit: self.limits.max_record_bytes })
+                    } else {
+                        from_value(value.clone(), Some(space), &self.limits)
+                    };
+                    match checked {
+                        Ok(rec) => {
+                            accepted.push((rec, value));
+                            continue;
+                        }
+                        Err(e) => (e.to_string(), text.into_bytes()),
                     }
-                },
-                Err((bytes, reason)) => {
-                    rejects.push(self.reject("http", &source, &reason, &bytes));
-                    rejected.push((i, reason));
                 }
+                Err((bytes, reason)) => (reason, bytes),
+            };
+            let row = self.reject("http", &source, &reason, &bytes);
+            if rejected.len() < listed {
+                rejected.push((i, row.reason.clone()));
             }
+            rejects.push(row);
         }
+        let rejected_total = rejects.len();
         let mut q = self.queue.lock().expect("queue lock");
         if q.items.len() + accepted.len() > self.queue_cap() && !accepted.is_empty() {
             return Err(IngestError::Overloaded(q.items.len()));
@@ -76,7 +91,7 @@ impl Shared {
         self.metrics.records_in.with_label_values(&["http"]).inc_by(n as u64);
         let items = accepted.into_iter().map(|(r, _)| Item::Record(r)).chain(rejects.into_iter().map(Item::Reject));
         let epoch = self.log_and_queue(&mut q, logged, items.collect())?;
-        Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected })
+        Ok(Receipt { epoch: (n > 0).then_some(epoch), accepted: n, rejected, rejected_total })
     }
 
     /// Appends `logged` to the input log (one fsync), stamped with the open epoch, then queues `items` at that

@@ -185,6 +185,7 @@ impl Shared {
 
     /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.
     pub fn reject(&self, kind: &str, source: &str, reason: &str, raw: &[u8]) -> ErrorRow {
+        let reason = &cut(reason, self.config.ingest.max_reason_chars);
         if let Err(e) = self.dead_letter.lock().expect("dead letter lock").write(source, reason, raw) {
             tracing::error!(error = %e, source, reason, "could not write the dead-letter file");
         }
@@ -253,4 +254,12 @@ fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<Item>, Opti
         }
     }
     (items, max_epoch, resume)
+}
+
+/// `text` cut to `max` characters, with `…` where it was cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
 }

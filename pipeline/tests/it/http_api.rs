@@ -278,3 +278,54 @@ fn config_errors_exit_2_naming_the_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/engram.toml"));
 }
+
+/// Every bound on a request has its key and its error: records per request (NDJSON and arrays, nothing taken), bytes
+/// per array element, rejects listed (the rest counted and still dead-lettered), reasons cut, question length.
+#[tokio::test]
+async fn bounded_requests_are_refused_with_their_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("ENGRAM__INGEST__MAX_RECORDS_PER_REQUEST", "4"),
+        ("ENGRAM__INGEST__MAX_REJECTS_LISTED", "2"),
+        ("ENGRAM__INGEST__MAX_REASON_CHARS", "40"),
+        ("ENGRAM__INGEST__MAX_RECORD_BYTES", "300"),
+        ("ENGRAM__QUERY__MAX_QUERY_CHARS", "50"),
+    ];
+    let engine = Engine::start(dir.path(), &[], &env);
+    let url = format!("{}/v1/spaces/port/records", engine.api);
+
+    // Five records, as NDJSON and as an array of empty objects: refused whole, nothing logged or dead-lettered.
+    let five = (0..5).map(|i| chunk("d", i, STORM)).collect::<Vec<_>>().join("\n");
+    let (status, e) = post(&url, five).await;
+    assert_eq!((status, e["error"]["code"].as_str().unwrap()), (413, "too_many_records"), "{e}");
+    let (status, e) = post(&url, "[{},{},{},{},{}]").await;
+    assert_eq!((status, e["error"]["code"].as_str().unwrap()), (413, "too_many_records"), "{e}");
+    let dead = dir.path().join("dead-letter.jsonl");
+    assert_eq!(std::fs::read_to_string(&dead).unwrap_or_default().lines().count(), 0);
+
+    // Four records in an array: one good; one element over max-record-bytes; two with a long unknown field name.
+    let long_field = "x".repeat(200);
+    let odd =
+        |doc: &str| format!("{{\"kind\":\"chunk\",\"doc\":\"{doc}\",\"seq\":0,\"text\":\"t\",\"{long_field}\":1}}");
+    let body = format!("[{},{},{},{}]", chunk("ok", 0, STORM), chunk("big", 0, &"w ".repeat(200)), odd("a"), odd("b"));
+    let (status, r) = post(&url, body).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["accepted"], 1);
+    assert_eq!(r["rejected_total"], 3, "{r}");
+    let listed = r["rejected"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "only max-rejects-listed are echoed: {r}");
+    assert_eq!(listed[0]["index"], 1);
+    assert!(listed[0]["reason"].as_str().unwrap().starts_with("record is 446 bytes, over the limit"), "{r}");
+    let reason = listed[1]["reason"].as_str().unwrap();
+    assert!(reason.chars().count() <= 41 && reason.ends_with('…'), "the reason is cut: {reason:?}");
+    let dead: Vec<serde_json::Value> =
+        std::fs::read_to_string(&dead).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(dead.len(), 3, "every reject is dead-lettered");
+    assert!(dead.iter().all(|d| d["reason"].as_str().unwrap().chars().count() <= 41));
+
+    // A question over max-query-chars.
+    let q = json!({"query": "why? ".repeat(20)}).to_string();
+    let (status, e) = post(&format!("{}/v1/spaces/port/query", engine.api), q).await;
+    assert_eq!((status, e["error"]["code"].as_str().unwrap()), (400, "bad_request"), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("max-query-chars"), "{e}");
+}
