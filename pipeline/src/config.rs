@@ -19,6 +19,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    pub http: HttpConfig,
     pub ingest: IngestConfig,
     pub embedder: EmbedderConfig,
     pub events: EventsConfig,
@@ -27,6 +28,16 @@ pub struct Config {
     pub llm: LlmConfig,
     pub kafka: KafkaConfig,
     pub query: QueryConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Longest an API request may take, body read included.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Most API requests served at once.
+    pub max_concurrent_requests: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -288,6 +299,15 @@ impl Config {
         }
         if i.max_reason_chars < 16 {
             errs.push(format!("ingest.max-reason-chars = {} must be at least 16", i.max_reason_chars));
+        }
+        if self.http.request_timeout <= self.query.max_wait {
+            errs.push(format!(
+                "http.request-timeout = {:?} must be longer than query.max-wait = {:?}",
+                self.http.request_timeout, self.query.max_wait
+            ));
+        }
+        if self.http.max_concurrent_requests == 0 {
+            errs.push("http.max-concurrent-requests must be positive".into());
         }
         if self.query.max_query_chars == 0 {
             errs.push("query.max-query-chars must be positive".into());

@@ -60,6 +60,7 @@ impl From<QueryError> for AppError {
 
 pub fn api(shared: Arc<Shared>) -> Router {
     let limit = shared.config.ingest.max_body_bytes;
+    let (timeout, concurrent) = (shared.config.http.request_timeout, shared.config.http.max_concurrent_requests);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/v1/spaces", get(spaces))
@@ -71,6 +72,15 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/v1/spaces/{space}/events", get(events))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(axum::error_handling::HandleErrorLayer::new(move |_: tower::BoxError| async move {
+                    let message = format!("the request took longer than http.request-timeout = {timeout:?}");
+                    AppError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+                }))
+                .layer(tower::timeout::TimeoutLayer::new(timeout)),
+        )
+        .layer(tower::limit::ConcurrencyLimitLayer::new(concurrent))
         .with_state(shared)
 }
 

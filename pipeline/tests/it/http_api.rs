@@ -329,3 +329,30 @@ async fn bounded_requests_are_refused_with_their_code() {
     assert_eq!((status, e["error"]["code"].as_str().unwrap()), (400, "bad_request"), "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("max-query-chars"), "{e}");
 }
+
+/// A client that sends its headers and then stalls is answered 408 once `http.request-timeout` has passed, and other
+/// clients are served meanwhile.
+#[tokio::test]
+async fn a_stalled_request_times_out_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("ENGRAM__HTTP__REQUEST_TIMEOUT", "1s"), ("ENGRAM__QUERY__MAX_WAIT", "500ms")];
+    let engine = Engine::start(dir.path(), &[], &env);
+    let addr = engine.api.trim_start_matches("http://").to_string();
+    let mut slow: Vec<tokio::net::TcpStream> = Vec::new();
+    for _ in 0..8 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"POST /v1/spaces/port/records HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{").await.unwrap();
+        slow.push(s);
+    }
+    let t = std::time::Instant::now();
+    let (status, _) = get(&format!("{}/healthz", engine.api)).await;
+    assert_eq!(status, 200);
+    assert!(t.elapsed() < std::time::Duration::from_millis(900), "served while the slow ones stall");
+    let mut reply = String::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), slow[0].read_to_string(&mut reply)).await;
+    assert!(read.is_ok(), "the stalled request was never answered");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("request_timeout"), "{reply}");
+    assert!(t.elapsed() >= std::time::Duration::from_millis(900), "not before the timeout");
+}
