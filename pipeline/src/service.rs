@@ -2,7 +2,10 @@
 //! current views in the requested mode, and has the model answer when one is configured. Errors are typed; each
 //! door maps them to its own form (HTTP: a status and `{"error":{"code","message"}}`).
 
+use std::collections::HashMap;
 use std::time::Instant;
+
+use operators::{Embedder, Embedding};
 
 use crate::engine::{ModelGuide, Shared};
 use crate::query::{self, Guide, Mode, QueryRequest, QueryResponse};
@@ -54,18 +57,52 @@ pub fn validate(s: &Shared, req: &QueryRequest) -> Result<(), QueryError> {
 /// Retrieves in `mode` over one space's view, steered by `guide`.
 fn retrieve(
     s: &Shared,
+    e: &dyn Embedder,
     view: &SpaceView,
     guide: &dyn Guide,
     req: &QueryRequest,
     k: usize,
     budget: usize,
 ) -> (Vec<query::Evidence>, Vec<serde_json::Value>) {
-    let e = s.embedder.as_ref();
     let q = req.query.as_str();
     match req.mode {
         Mode::PruneAndGrow => query::prune_and_grow(view, e, guide, q, k, budget),
         Mode::Compass => query::compass(view, e, guide, q, k, budget, s.config.query.compass_topics),
         Mode::Flat => query::flat(view, e, q, k, budget),
+    }
+}
+
+/// The embedder a query without a model retrieves with: the texts it will embed (the question, and the planner's
+/// subgoals) are embedded when it is made; anything else is asked of the real one.
+struct Prepared<'a> {
+    inner: &'a dyn Embedder,
+    ready: HashMap<String, Embedding>,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(inner: &'a dyn Embedder, question: &str) -> Self {
+        let mut ready = HashMap::new();
+        for text in std::iter::once(question.to_string()).chain(query::plan(question)) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = ready.entry(text) {
+                let e = inner.embed(slot.key());
+                slot.insert(e);
+            }
+        }
+        Prepared { inner, ready }
+    }
+}
+
+impl Embedder for Prepared<'_> {
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn embed_batch(&self, texts: &[&str]) -> Vec<Embedding> {
+        texts.iter().map(|t| self.ready.get(*t).cloned().unwrap_or_else(|| self.inner.embed(t))).collect()
+    }
+
+    fn bit_exact(&self) -> bool {
+        self.inner.bit_exact()
     }
 }
 
@@ -85,12 +122,16 @@ pub fn execute(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryRespo
             let views = s.views();
             (views.spaces.get(space).ok_or_else(unknown)?.clone(), views.as_of)
         };
-        let (evidence, trace) = retrieve(s, &view, &ModelGuide { shared: s, space }, req, k, budget);
+        let guide = ModelGuide { shared: s, space };
+        let (evidence, trace) = retrieve(s, s.embedder.as_ref(), &view, &guide, req, k, budget);
         (evidence, trace, as_of)
     } else {
+        // The question and the planner's subgoals are embedded before the views are locked: a slow embedding
+        // endpoint holds up neither the dataflow's writer nor other queries.
+        let prepared = Prepared::new(s.embedder.as_ref(), &req.query);
         let views = s.views();
         let view = views.spaces.get(space).ok_or_else(unknown)?;
-        let (evidence, trace) = retrieve(s, view, &query::NoModel, req, k, budget);
+        let (evidence, trace) = retrieve(s, &prepared, view, &query::NoModel, req, k, budget);
         (evidence, trace, views.as_of)
     };
     s.metrics.query_duration.with_label_values(&[req.mode.as_str()]).observe(started.elapsed().as_secs_f64());

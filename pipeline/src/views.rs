@@ -35,6 +35,25 @@ pub enum ViewUpdate {
     Position(String, u64),
 }
 
+/// The text an event is embedded by in the views (for `compass`): its summary and people.
+pub fn event_text(e: &operators::events::EventRow) -> String {
+    format!("{} ({})", e.summary, e.people.join(", "))
+}
+
+/// The texts applying `updates` embeds (inserted summaries and events), so that they can be embedded before the
+/// views are locked.
+pub fn texts_to_embed(updates: &[(ViewUpdate, isize)]) -> Vec<String> {
+    updates
+        .iter()
+        .filter(|(_, d)| *d > 0)
+        .filter_map(|(u, _)| match u {
+            ViewUpdate::Summary(_, _, _, text) => Some(text.clone()),
+            ViewUpdate::Event(_, e) => Some(event_text(e)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A node of layer ≥ 1: a cluster of the layer below.
 #[derive(Default, Clone)]
 pub struct ClusterView {
@@ -213,8 +232,7 @@ impl SpaceView {
 
     fn apply_event(&mut self, e: operators::events::EventRow, d: isize, embed: &dyn Fn(&str) -> Embedding) {
         if d > 0 {
-            let text = format!("{} ({})", e.summary, e.people.join(", "));
-            self.event_vectors.insert(e.id.clone(), embed(&text));
+            self.event_vectors.insert(e.id.clone(), embed(&event_text(&e)));
             for t in &e.turns {
                 self.event_of.insert(t.clone(), e.id.clone());
             }

@@ -1,7 +1,7 @@
 //! The dataflow of one worker: its inputs, the memory wired over them, and the views sink that applies the memory's
 //! output to the views the HTTP server reads.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use differential_dataflow::input::{Input, InputSession};
@@ -9,7 +9,7 @@ use differential_dataflow::VecCollection;
 use operators::events::SegmentParams;
 use operators::memory::{memory, MemoryParams};
 use operators::model::ErrorRow;
-use operators::Node;
+use operators::{Embedding, Node};
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::Inspect;
@@ -17,7 +17,7 @@ use timely::worker::Worker;
 
 use super::state::Shared;
 use crate::config::Config;
-use crate::views::ViewUpdate;
+use crate::views::{texts_to_embed, ViewUpdate};
 
 type NodeInput = InputSession<u64, (String, Node), isize>;
 type ErrorInput = InputSession<u64, ErrorRow, isize>;
@@ -149,15 +149,30 @@ fn views_sink<'s>(
                     held.retain(|t, _| lower.is_some_and(|f| *t >= f));
                     return;
                 }
+                // The change topic is sent and summaries and events are embedded before the views are locked: a
+                // slow endpoint holds up no reader.
+                let mut batches = Vec::with_capacity(ready.len());
+                for t in ready {
+                    let mut updates = pending.remove(&t).expect("ready time");
+                    differential_dataflow::consolidation::consolidate(&mut updates);
+                    if shared.outputs.wants_changes() {
+                        shared.outputs.changes(t, &updates);
+                    }
+                    batches.push(updates);
+                }
+                let embedded: HashMap<String, Embedding> = batches
+                    .iter()
+                    .flat_map(|updates| texts_to_embed(updates))
+                    .map(|text| {
+                        let e = embedder.embed(&text);
+                        (text, e)
+                    })
+                    .collect();
+                let embed = |text: &str| embedded.get(text).cloned().unwrap_or_else(|| embedder.embed(text));
                 {
                     let mut views = shared.views.write().expect("views lock");
-                    for t in ready {
-                        let mut updates = pending.remove(&t).expect("ready time");
-                        if shared.outputs.wants_changes() {
-                            differential_dataflow::consolidation::consolidate(&mut updates);
-                            shared.outputs.changes(t, &updates);
-                        }
-                        views.apply_with(updates, &|text| embedder.embed(text));
+                    for updates in batches {
+                        views.apply_with(updates, &embed);
                     }
                     views.as_of = as_of.max(views.as_of);
                     shared.metrics.nodes.set(views.node_count() as i64);
