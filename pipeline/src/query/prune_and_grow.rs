@@ -1,5 +1,7 @@
 //! CAM's Prune-and-Grow over every layer of the hierarchy.
 
+use std::collections::BTreeSet;
+
 use serde_json::json;
 
 use operators::{Embedder, Node, NodeKind};
@@ -23,7 +25,6 @@ pub fn prune_and_grow(
     k: usize,
     budget_words: usize,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
-    use std::collections::BTreeSet;
     let rel = Relevance::new(view, embedder, query);
     // Layer 0 in context; a cluster by its summary (none yet: not a candidate).
     let score = |id: &str| -> Option<f32> {
@@ -31,12 +32,6 @@ pub fn prune_and_grow(
             return Some(s);
         }
         rel.cluster(view, view.clusters.get(id)?)
-    };
-    let text_of = |id: &str| -> Option<&str> {
-        match view.nodes.get(id) {
-            Some((n, _)) => Some(n.text.as_str()),
-            None => view.clusters.get(id)?.summary.as_ref().map(|s| s.0.as_str()),
-        }
     };
     let mut all: Vec<(f32, &str)> = view
         .nodes
@@ -49,6 +44,50 @@ pub fn prune_and_grow(
     let seeds: BTreeSet<&str> = all.iter().take(k).map(|x| x.1).collect();
     let mut trace = vec![json!({"step": "seed", "mode": "prune-and-grow", "seeds": seeds, "names": rel.names,
                                 "why": "top-k over all layers by relevance (cosine, BM25, named speakers, context)"})];
+    let (mut kept, by_model) = prune_rounds(view, guide, query, &seeds, &score, &mut trace);
+    if kept.is_empty() {
+        kept = seeds;
+    }
+    // The kept source text first, best first; then the kept summaries (what CAM's reader sees of a cluster); then
+    // the best remaining source text while budget is left.
+    let mut selected: Vec<(f32, &Node)> =
+        kept.iter().filter_map(|id| view.nodes.get(*id).map(|(n, _)| (score(id).unwrap_or(f32::MIN), n))).collect();
+    selected.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_words(n)).sum();
+    let left = budget_words.saturating_sub(selected_words);
+    let summary_items = summary_evidence(view, &kept, &score, left, &mut trace);
+    let taken: BTreeSet<&str> = selected.iter().map(|x| x.1.id.as_str()).collect();
+    let ranked = selected.into_iter().map(|(s, n)| (s, n, "selected by prune-and-grow")).chain(
+        // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
+        // the best of the rest fills the budget.
+        (!by_model)
+            .then(|| rel.ranked())
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| !taken.contains(n.id.as_str()))
+            .map(|(s, n)| (s, n, "relevance, to fill the budget")),
+    );
+    let source_budget = budget_words - summary_items.iter().map(|e| e.text.split_whitespace().count()).sum::<usize>();
+    let mut out = super::passages(view, ranked, source_budget, &mut trace);
+    out.extend(summary_items);
+    (out, trace)
+}
+
+/// Up to 5 rounds of prune and grow from the seeds: the kept nodes, and whether the model chose them.
+fn prune_rounds<'v>(
+    view: &'v SpaceView,
+    guide: &dyn Guide,
+    query: &str,
+    seeds: &BTreeSet<&'v str>,
+    score: &dyn Fn(&str) -> Option<f32>,
+    trace: &mut Vec<serde_json::Value>,
+) -> (BTreeSet<&'v str>, bool) {
+    let text_of = |id: &str| -> Option<&str> {
+        match view.nodes.get(id) {
+            Some((n, _)) => Some(n.text.as_str()),
+            None => view.clusters.get(id)?.summary.as_ref().map(|s| s.0.as_str()),
+        }
+    };
     let mut candidates = seeds.clone();
     let mut kept: BTreeSet<&str> = BTreeSet::new();
     let mut by_model = false;
@@ -89,23 +128,24 @@ pub fn prune_and_grow(
         }
         candidates = grown;
     }
-    if kept.is_empty() {
-        kept = seeds;
-    }
-    // The kept source text first, best first; then the kept summaries (what CAM's reader sees of a cluster); then
-    // the best remaining source text while budget is left.
-    let mut selected: Vec<(f32, &Node)> =
-        kept.iter().filter_map(|id| view.nodes.get(*id).map(|(n, _)| (score(id).unwrap_or(f32::MIN), n))).collect();
-    selected.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    (kept, by_model)
+}
+
+/// The kept summaries (what CAM's reader sees of a cluster), best first, within `left` words.
+fn summary_evidence(
+    view: &SpaceView,
+    kept: &BTreeSet<&str>,
+    score: &dyn Fn(&str) -> Option<f32>,
+    mut left: usize,
+    trace: &mut Vec<serde_json::Value>,
+) -> Vec<Evidence> {
     let mut summaries: Vec<(f32, &str)> = kept
         .iter()
         .filter(|id| view.clusters.contains_key(**id))
         .filter_map(|id| score(id).map(|s| (s, *id)))
         .collect();
     summaries.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-    let selected_words: usize = selected.iter().map(|(_, n)| super::evidence_words(n)).sum();
     let mut summary_items = Vec::new();
-    let mut left = budget_words.saturating_sub(selected_words);
     for (s, id) in summaries {
         if left == 0 {
             break;
@@ -127,19 +167,5 @@ pub fn prune_and_grow(
             source: json!({"cluster": id, "children": c.members.len()}),
         });
     }
-    let taken: BTreeSet<&str> = selected.iter().map(|x| x.1.id.as_str()).collect();
-    let ranked = selected.into_iter().map(|(s, n)| (s, n, "selected by prune-and-grow")).chain(
-        // The model's selection is the evidence; the similarity rule cannot tell where relevance ends, and
-        // the best of the rest fills the budget.
-        (!by_model)
-            .then(|| rel.ranked())
-            .into_iter()
-            .flatten()
-            .filter(|(_, n)| !taken.contains(n.id.as_str()))
-            .map(|(s, n)| (s, n, "relevance, to fill the budget")),
-    );
-    let source_budget = budget_words - summary_items.iter().map(|e| e.text.split_whitespace().count()).sum::<usize>();
-    let mut out = super::passages(view, ranked, source_budget, &mut trace);
-    out.extend(summary_items);
-    (out, trace)
+    summary_items
 }
