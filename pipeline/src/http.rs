@@ -88,8 +88,14 @@ pub fn admin(shared: Arc<Shared>) -> Router {
     Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(shared)
 }
 
-async fn healthz(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "as_of": s.as_of()}))
+async fn healthz(State(s): State<Arc<Shared>>) -> Response {
+    match s.failure() {
+        None => Json(json!({"status": "ok", "as_of": s.as_of()})).into_response(),
+        Some(reason) => {
+            let body = json!({"status": "failed", "reason": reason, "as_of": s.as_of()});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -133,6 +139,9 @@ fn check_space(space: &str) -> Result<(), AppError> {
 /// `POST /v1/spaces/{space}/records`: a JSON array of records, or NDJSON (one record per line).
 async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: Bytes) -> Result<Response, AppError> {
     check_space(&space)?;
+    if let Some(reason) = s.failure() {
+        return Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_failed", reason));
+    }
     let trimmed = body.trim_ascii_start();
     let max = s.config.ingest.max_records_per_request;
     let too_many = || {

@@ -244,7 +244,12 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (api_addr, admin_addr) = (api.local_addr()?, admin.local_addr()?);
     tracing::info!(%api_addr, %admin_addr, data_dir = %shared.config.data_dir.display(), "engram is serving");
     let asks = Asks { asks: args.asks.clone(), mode: ask_mode, once: args.once };
-    rt.block_on(serve(shared, (api, admin), asks, signals));
+    rt.block_on(serve(shared.clone(), (api, admin), asks, signals));
+    if let Some(reason) = shared.failure() {
+        // A dead worker's peers and network threads cannot be joined: the process exits non-zero without them.
+        std::mem::forget(engine);
+        anyhow::bail!("the engine failed: {reason}");
+    }
     engine.stop()?;
     Ok(ExitCode::SUCCESS)
 }
@@ -265,6 +270,7 @@ async fn serve(
     mut signals: http::Signals,
 ) {
     let (api_app, admin_app) = (http::api(shared.clone()), http::admin(shared.clone()));
+    let shared_for_failure = shared.clone();
     let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
     let a = tokio::spawn(async move {
@@ -286,9 +292,18 @@ async fn serve(
             std::future::pending::<()>().await;
         }
     };
+    let failed = {
+        let shared = shared_for_failure;
+        async move {
+            while shared.failure().is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
     tokio::select! {
         _ = signals.recv() => {}
         _ = after_asks => {}
+        _ = failed => {}
     }
     tracing::info!("stopping: finishing the open epoch");
     let _ = tx.send(());

@@ -74,8 +74,17 @@ impl Engine {
             self.summarizer = Some(summarizer::spawn_summarizer(self.shared.clone()));
         }
         let shared = self.shared.clone();
-        let guards = timely::execute(timely, move |worker| driver::run_worker(worker, shared.clone()))
-            .map_err(|e| anyhow::anyhow!("starting timely: {e}"))?;
+        let guards = timely::execute(timely, move |worker| {
+            // A worker that dies (a bug, or a lost peer process: timely's network threads panic) fails the engine,
+            // so that it stops serving views that no longer follow its input.
+            let index = worker.index();
+            let run = std::panic::AssertUnwindSafe(|| driver::run_worker(worker, shared.clone()));
+            if let Err(panic) = std::panic::catch_unwind(run) {
+                shared.fail(format!("worker {index} died: {}", panic_message(&panic)));
+                std::panic::resume_unwind(panic);
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("starting timely: {e}"))?;
         self.workers = Some(guards);
         Ok(())
     }
@@ -105,4 +114,13 @@ impl Engine {
         tracing::info!(as_of = ?self.shared.as_of(), "stopped");
         Ok(())
     }
+}
+
+/// What a panic said, when it said it as text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
 }

@@ -73,6 +73,8 @@ pub struct Shared {
     pub(super) as_of: watch::Sender<Option<u64>>,
     pub metrics: Metrics,
     shutdown: AtomicBool,
+    /// Why the engine cannot go on (a worker or the summariser died): served by /healthz, and the process exits.
+    failure: Mutex<Option<String>>,
     pub(super) input_log: Mutex<InputLog>,
     pub(super) response_log: Mutex<ResponseLog>,
     dead_letter: Mutex<DeadLetter>,
@@ -169,6 +171,7 @@ impl Shared {
             as_of,
             metrics,
             shutdown: AtomicBool::new(false),
+            failure: Mutex::new(None),
             input_log: Mutex::new(input_log),
             response_log: Mutex::new(response_log),
             dead_letter: Mutex::new(dead_letter),
@@ -216,6 +219,18 @@ impl Shared {
     /// Asks every thread of the engine to finish: sources stop reading, the drivers feed what is queued and close.
     pub fn stop(&self) {
         self.shutdown.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the engine failed (the first reason is kept) and stops it: its views no longer follow its input.
+    pub fn fail(&self, why: String) {
+        tracing::error!(reason = %why, "the engine failed; it stops");
+        self.failure.lock().expect("failure lock").get_or_insert(why);
+        self.stop();
+    }
+
+    /// Why the engine failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().expect("failure lock").clone()
     }
 
     pub fn stopping(&self) -> bool {

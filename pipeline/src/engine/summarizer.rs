@@ -31,7 +31,12 @@ pub(super) fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<(
     }
     std::thread::Builder::new()
         .name("engram-summarizer".into())
-        .spawn(move || summarize(&shared, &job_tx, &done_rx))
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| summarize(&shared, &job_tx, &done_rx));
+            if let Err(panic) = std::panic::catch_unwind(run) {
+                shared.fail(format!("the summariser died: {}", super::panic_message(&panic)));
+            }
+        })
         .expect("spawn summarizer")
 }
 

@@ -72,3 +72,33 @@ async fn two_processes_equal_one() {
     let status = follower.wait().unwrap();
     assert!(status.success());
 }
+
+/// A cluster that loses a process fails loudly: process 0's worker dies with the lost peer, the engine is marked
+/// failed and the process exits non-zero instead of serving views that no longer follow its input.
+#[tokio::test]
+async fn losing_a_process_fails_the_leader_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let mut follower = engram()
+        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
+        .arg(dir.path().join("p1"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
+    let (status, health) = get(&format!("{}/healthz", leader.admin)).await;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")), "{health}");
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = leader.child.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(std::time::Instant::now() < deadline, "the leader kept serving after losing a process");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(code, Some(1), "a failed engine exits non-zero");
+}
