@@ -460,6 +460,31 @@ mod tests {
     }
 
     #[test]
+    fn request_bounds_are_checked() {
+        let e = load(
+            Some(concat!(
+                "[http]\nrequest-timeout = \"10s\"\nmax-concurrent-requests = 0\n",
+                "[ingest]\nmax-records-per-request = 0\nmax-reason-chars = 3\n",
+                "[query]\nmax-query-chars = 0\n"
+            )),
+            &[],
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        for key in [
+            "http.request-timeout",
+            "http.max-concurrent-requests",
+            "ingest.max-records-per-request",
+            "ingest.max-reason-chars",
+            "query.max-query-chars",
+        ] {
+            assert!(msg.contains(key), "{key}: {msg}");
+        }
+        let e = load(None, &[("ENGRAM__HTTP__REQUEST_TIMEOUT", "soon")]).unwrap_err().to_string();
+        assert!(e.contains("request-timeout") || e.contains("request_timeout"), "{e}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let e = load(Some("[similarity]\nthetta = 0.5\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("thetta"), "{e}");

@@ -291,6 +291,12 @@ impl Views {
         // Consolidate first: within an epoch an update may arrive as +1 and -1 (a request answered in the epoch
         // that made it), which must cancel, not apply in diff order.
         differential_dataflow::consolidation::consolidate(&mut updates);
+        self.apply_consolidated(updates, embed)
+    }
+
+    /// [`Views::apply_with`] for updates already consolidated (the views sink consolidates each epoch once, for the
+    /// change topic and the texts it embeds before locking).
+    pub fn apply_consolidated(&mut self, mut updates: Vec<(ViewUpdate, isize)>, embed: &dyn Fn(&str) -> Embedding) {
         updates.sort_by_key(|u| u.1);
         // Layer-0 positions that changed, (space, doc, position): their nodes and the nodes after them have a new
         // node before them.

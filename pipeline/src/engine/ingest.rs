@@ -49,10 +49,10 @@ impl Shared {
             let source = format!("http:{space}:{i}");
             let (reason, bytes) = match raw {
                 Ok(value) => {
-                    // An array element is held to the same size as an NDJSON line.
-                    let text = value.to_string();
-                    let checked = if text.len() > self.limits.max_record_bytes {
-                        Err(Reject::TooLarge { size: text.len(), limit: self.limits.max_record_bytes })
+                    // An array element is held to the same size as an NDJSON line (counted, not written out).
+                    let size = json_len(&value);
+                    let checked = if size > self.limits.max_record_bytes {
+                        Err(Reject::TooLarge { size, limit: self.limits.max_record_bytes })
                     } else {
                         from_value(value.clone(), Some(space), &self.limits)
                     };
@@ -61,7 +61,7 @@ impl Shared {
                             accepted.push((rec, value));
                             continue;
                         }
-                        Err(e) => (e.to_string(), text.into_bytes()),
+                        Err(e) => (e.to_string(), value.to_string().into_bytes()),
                     }
                 }
                 Err((bytes, reason)) => (reason, bytes),
@@ -275,4 +275,20 @@ impl Shared {
     pub(super) fn see_clock(&self, epoch: u64) {
         self.clock.fetch_max(epoch, Ordering::SeqCst);
     }
+}
+
+/// The length of `value` written as compact JSON, without writing it.
+fn json_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }

@@ -172,7 +172,7 @@ fn views_sink<'s>(
                 {
                     let mut views = shared.views.write().expect("views lock");
                     for updates in batches {
-                        views.apply_with(updates, &embed);
+                        views.apply_consolidated(updates, &embed);
                     }
                     views.as_of = as_of.max(views.as_of);
                     shared.metrics.nodes.set(views.node_count() as i64);

@@ -41,6 +41,10 @@ fn bad_eval_data_and_bad_asks_are_clear_errors() {
     let out = crate::common::engram().args(["eval", "locomo", "--data"]).arg(&bad).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"));
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/locomo-mini.json");
+    let out = crate::common::engram().args(["eval", "locomo", "--data", fixture, "--mode", "magic"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'magic'"), "{out:?}");
 
     let out = crate::common::engram()
         .args(["run", "--once", "--ask", "no-colon-here", "--data-dir"])
