@@ -34,6 +34,6 @@ impl Llm for Extractive {
     }
 
     fn relate(&self, events: &[EventIn]) -> Result<Vec<RelationDraft>, LlmError> {
-        Ok(extractive_relations(events))
+        Ok(extractive_relations(events, SegmentParams::default().relations))
     }
 }

@@ -94,7 +94,8 @@ where
             Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
         (s, node)
     });
-    let event_vectors = embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.id, events::quantise(&v.0)));
+    let by_conversation = embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.doc, n.id, events::quantise(&v.0)));
+    let event_vectors = by_conversation.clone().map(|(s, _, id, v)| (s, id, v));
     // Links at the merge threshold; with the judge on (and a model), the pairs just below it go to the model.
     let micro = |x: f32| (f64::from(x) * 1e6).round() as i64;
     let tau = params.merge_threshold;
@@ -105,7 +106,7 @@ where
     let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
     let coref = events::coreference(candidates, em.events.clone(), logged);
     let merges = events::merge_groups(event_vectors.clone(), links.concat(coref.same));
-    let topics = events::event_topics(event_vectors);
+    let topics = events::event_topics(by_conversation);
     let cluster_requests = sm
         .requests
         .map(|(s, layer, cluster, key, members)| (s, key, ModelRequest::Summary { layer, cluster, members }));

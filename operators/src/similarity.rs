@@ -1,20 +1,28 @@
 //! CAM's foundational network expansion: the layer-0 similarity graph.
 //!
 //! Score of two chunks: `S = α·max(0, cos) + (1−α)·exp(−(i−j)²/2σ²)`, the positional term only between chunks of one
-//! document. Every node keeps its `k` best neighbours with `S ≥ θ` (ties broken by id), and the graph's undirected
-//! edges are the pairs where either end keeps the other. That definition depends only on the live set of nodes, so
-//! the incrementally maintained graph is exactly the graph a from-scratch build of the same nodes gives:
+//! document within the positional window `|i−j| ≤ ⌈3σ⌉` (beyond it the Gaussian is below 1.1 % and is cut to 0).
+//! Every node keeps its `k` best neighbours with `S ≥ θ` (ties broken by id), and the graph's undirected edges are
+//! the pairs where either end keeps the other. That definition depends only on the live set of nodes, so the
+//! incrementally maintained graph is exactly the graph a from-scratch build of the same nodes gives:
 //!
 //! * an insert `w` computes its own neighbours, and enters the lists of the nodes it beats (any such node scores
 //!   `S ≥ θ` with `w`, so it is among `w`'s candidates: the reverse lookup is exact);
 //! * a delete `d` leaves the lists that held it; those nodes are recomputed from the index once the batch's inserts
 //!   are in (a neighbour that drops below `k` finds its replacements).
 //!
-//! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every node with `cos ≥ θ/α` — grown until the
-//! last hit falls below the bound, plus every node of the same document (where the positional term can lift a pair
-//! over θ). hnsw_rs cannot delete: deleted points are tombstoned, filtered out of searches, and the index is rebuilt
-//! when tombstones outnumber the living.
+//! **Identical vectors share one entry** of the HNSW index (a *class*: "yeah ." said 6,000 times in a meeting
+//! archive, a wire story re-published). Outside the positional window every member of a class scores the same with
+//! any node, so a class answers for its members in one step: a node's own list takes a class's smallest ids, and an
+//! insert enters only the members whose weakest neighbour it beats — each class keeps its members ordered by their
+//! weakest neighbour, so an insert never walks the plateau of a tie it cannot win.
+//!
+//! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every class with `cos ≥ θ/α` or above the
+//! bar the lists set — grown until the last hit falls below the bound, plus every node of the same document inside
+//! the positional window. hnsw_rs cannot delete: emptied classes are tombstoned, filtered out of searches, and the
+//! index is rebuilt when tombstones outnumber the living.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -94,21 +102,31 @@ impl SimilarityParams {
     /// The similarity score of two nodes. Symmetric, and computed in one fixed order so that it is bit-identical
     /// wherever it is computed.
     pub fn score(&self, a: (&str, i64, &Embedding), b: (&str, i64, &Embedding)) -> f32 {
-        let cos = a.2.dot(b.2).max(0.0);
-        let pos = if a.0 == b.0 { self.positional(a.1, b.1) } else { 0.0 };
-        self.alpha * cos + (1.0 - self.alpha) * pos
+        self.mix(a.2.dot(b.2), self.positional_term((a.0, a.1), (b.0, b.1)))
     }
 
-    /// The positional window (in position units, either side) inside which every node of the same document is a
-    /// candidate, and the smallest cosine that can reach θ outside it (`None` when only the window can).
-    /// Outside the window the positional term is below `(1−α)·g(W)`, so a range query at
-    /// `(θ − (1−α)·g(W)) / α` finds every other candidate, same document or not: exact, without a scan of long
-    /// documents or conversations.
+    /// The positional term of two nodes `(doc, position)`: the Gaussian inside the window of one document, else 0.
+    fn positional_term(&self, a: (&str, i64), b: (&str, i64)) -> f32 {
+        let near = a.0 == b.0 && a.1.abs_diff(b.1) <= self.window().0.unsigned_abs();
+        if near {
+            self.positional(a.1, b.1)
+        } else {
+            0.0
+        }
+    }
+
+    /// `α·max(0, cos) + (1−α)·pos`, the one formula every score goes through.
+    fn mix(&self, cos: f32, pos: f32) -> f32 {
+        self.alpha * cos.max(0.0) + (1.0 - self.alpha) * pos
+    }
+
+    /// The positional window (in position units, either side) inside which nodes of one document have a positional
+    /// term, and the smallest cosine that reaches θ without one (`None` when only the window can): a range query at
+    /// `θ/α` finds every candidate outside the window, same document or not, without a scan of long documents.
     fn window(&self) -> (i64, Option<f32>) {
         let w = (3.0 * self.sigma).ceil().max(1.0);
-        let g = (-(w * w) / (2.0 * self.sigma * self.sigma)).exp();
         let window = (w as i64).saturating_mul(POSITION_SCALE);
-        let min_cos = (self.alpha > 0.0).then(|| (self.theta - (1.0 - self.alpha) * g) / self.alpha - 1e-4);
+        let min_cos = (self.alpha > 0.0).then(|| self.theta / self.alpha - 1e-4);
         (window, min_cos)
     }
 }
@@ -120,6 +138,15 @@ fn bar(list: &[Scored], k: usize) -> u32 {
     } else {
         micro(list[k - 1].score)
     }
+}
+
+/// A list's weakest neighbour as an order: `None` (a short list, which anything scoring θ enters) first, then by
+/// score ascending and, at one score, by id descending. A newcomer `w` scoring `s` enters exactly the lists whose
+/// weakest is below `Some((s, Reverse(w)))`. Scores are positive, so their bits order as they do.
+type Weakest = Option<(u32, Reverse<Arc<str>>)>;
+
+fn weakest(list: &[Scored], k: usize) -> Weakest {
+    (list.len() >= k).then(|| (list[k - 1].score.to_bits(), Reverse(list[k - 1].id.clone())))
 }
 
 /// Weight in millionths, as edges carry it.
@@ -138,19 +165,35 @@ fn better(a: &Scored, b: &Scored) -> bool {
     a.score > b.score || (a.score == b.score && a.id < b.id)
 }
 
-struct Entry {
-    node: Node,
+/// The nodes that share one vector: one entry of the HNSW index, and the vector's only copy.
+struct Class {
     emb: Embedding,
-    /// The HNSW data id; `None` for a zero vector, which no cosine can reach.
-    slot: Option<usize>,
+    /// Members by id: a list takes a class's smallest ids first.
+    members: BTreeSet<Arc<str>>,
+    /// Members by the weakest neighbour of their list, weakest first: the members an insert can enter.
+    by_weakest: BTreeSet<(Weakest, Arc<str>)>,
 }
 
-/// The similarity graph of one space: its HNSW index, each node's top-k list and the reverse lists.
+struct Entry {
+    node: Node,
+    /// The class (HNSW data id) of its vector; `None` for a zero vector, which no cosine can reach.
+    class: Option<usize>,
+}
+
+/// A hash of a vector's bits, to find its class.
+fn vector_hash(e: &Embedding) -> u64 {
+    e.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(x.to_bits())).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The similarity graph of one space: its HNSW index of vector classes, each node's top-k list and the reverse
+/// lists.
 pub struct SimilarityIndex {
     params: SimilarityParams,
     hnsw: Hnsw<'static, f32, UnitCosine>,
-    /// HNSW data id → node id; `None` once deleted.
-    slots: Vec<Option<Arc<str>>>,
+    /// HNSW data id → its class; `None` once emptied.
+    classes: Vec<Option<Class>>,
+    /// [`vector_hash`] → the live classes with that hash.
+    by_vector: HashMap<u64, Vec<usize>>,
     tombstones: usize,
     entries: HashMap<Arc<str>, Entry>,
     /// doc → (position, id) of its nodes: the positional window is a range scan.
@@ -166,13 +209,16 @@ pub struct SimilarityIndex {
 /// An edge change within one space: `(u, v, weight_micro, diff)`.
 pub type EdgeDelta = (String, String, u32, isize);
 
+type Before = BTreeMap<(Arc<str>, Arc<str>), Option<u32>>;
+
 impl SimilarityIndex {
     pub fn new(params: SimilarityParams) -> Self {
         let hnsw = Self::new_hnsw(&params, 1024);
         SimilarityIndex {
             params,
             hnsw,
-            slots: Vec::new(),
+            classes: Vec::new(),
+            by_vector: HashMap::new(),
             tombstones: 0,
             entries: HashMap::new(),
             by_doc: HashMap::new(),
@@ -182,21 +228,30 @@ impl SimilarityIndex {
         }
     }
 
-    /// What a newcomer must score to enter `list`: 0 while it is short, else its k-th score.
-    fn bar(&self, list: &[Scored]) -> u32 {
-        bar(list, self.params.k)
+    fn class(&self, c: usize) -> &Class {
+        self.classes[c].as_ref().expect("a live class")
     }
 
-    /// Changes the list of `id` (creating it if need be), keeping `bars` in step.
+    /// Changes the list of `id` (creating it if need be), keeping `bars` and its class's order in step.
     fn relist(&mut self, id: &Arc<str>, change: impl FnOnce(&mut Vec<Scored>)) {
         let k = self.params.k;
-        let list = self.topk.entry(id.clone()).or_default();
-        let before = bar(list, k);
-        change(list);
-        let after = bar(list, k);
-        if before != after || !self.bars.contains(&(before, id.clone())) {
-            self.bars.remove(&(before, id.clone()));
-            self.bars.insert((after, id.clone()));
+        let (b0, w0, b1, w1) = {
+            let list = self.topk.entry(id.clone()).or_default();
+            let (b0, w0) = (bar(list, k), weakest(list, k));
+            change(list);
+            (b0, w0, bar(list, k), weakest(list, k))
+        };
+        if b0 != b1 || !self.bars.contains(&(b0, id.clone())) {
+            self.bars.remove(&(b0, id.clone()));
+            self.bars.insert((b1, id.clone()));
+        }
+        let class = self.entries.get(id).and_then(|e| e.class);
+        if let Some(class) = class.and_then(|c| self.classes[c].as_mut()) {
+            let old = (w0, id.clone());
+            if old.0 != w1 || !class.by_weakest.contains(&old) {
+                class.by_weakest.remove(&old);
+                class.by_weakest.insert((w1, id.clone()));
+            }
         }
     }
 
@@ -210,6 +265,11 @@ impl SimilarityIndex {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Distinct vectors among the live nodes (HNSW entries).
+    pub fn vector_count(&self) -> usize {
+        self.classes.len() - self.tombstones
     }
 
     /// Applies one batch of node changes (an epoch of one space) and returns the edge changes, consolidated.
@@ -230,13 +290,13 @@ impl SimilarityIndex {
                 inserts.push((n, e));
             }
         }
-        let mut before: BTreeMap<(Arc<str>, Arc<str>), Option<u32>> = BTreeMap::new();
+        let mut before: Before = BTreeMap::new();
         let mut dirty: BTreeSet<Arc<str>> = BTreeSet::new();
 
         for id in deletes {
             self.delete(&id, &mut before, &mut dirty);
         }
-        if self.tombstones > 1024 && self.tombstones > self.entries.len() {
+        if self.tombstones > 1024 && self.tombstones > self.vector_count() {
             self.rebuild();
         }
         // A batch that at least doubles the space (a from-scratch build, a replay) is built in bulk: every node
@@ -298,7 +358,7 @@ impl SimilarityIndex {
     }
 
     /// Records the state of pair (a, b) before the batch touches it.
-    fn touch(&self, a: &Arc<str>, b: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+    fn touch(&self, a: &Arc<str>, b: &Arc<str>, before: &mut Before) {
         if let std::collections::btree_map::Entry::Vacant(e) = before.entry(Self::pair(a, b)) {
             let state = self.edge_state(&e.key().0, &e.key().1);
             e.insert(state);
@@ -315,17 +375,17 @@ impl SimilarityIndex {
         }
     }
 
+    /// [`SimilarityParams::score`] of two entries, bit for bit.
     fn score_entries(&self, a: &Entry, b: &Entry) -> f32 {
-        self.params.score((&a.node.doc, a.node.pos, &a.emb), (&b.node.doc, b.node.pos, &b.emb))
+        let cos = match (a.class, b.class) {
+            (Some(x), Some(y)) => self.class(x).emb.dot(&self.class(y).emb),
+            _ => 0.0,
+        };
+        self.params.mix(cos, self.params.positional_term((&a.node.doc, a.node.pos), (&b.node.doc, b.node.pos)))
     }
 
-    fn delete(
-        &mut self,
-        id: &str,
-        before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>,
-        dirty: &mut BTreeSet<Arc<str>>,
-    ) {
-        let Some((id, _)) = self.entries.get_key_value(id).map(|(k, v)| (k.clone(), v.slot)) else { return };
+    fn delete(&mut self, id: &str, before: &mut Before, dirty: &mut BTreeSet<Arc<str>>) {
+        let Some(id) = self.entries.get_key_value(id).map(|(k, _)| k.clone()) else { return };
         for s in self.topk.get(&id).cloned().unwrap_or_default() {
             self.touch(&id, &s.id, before);
             if let Some(h) = self.holders.get_mut(&s.id) {
@@ -339,13 +399,28 @@ impl SimilarityIndex {
             }
             dirty.insert(y);
         }
-        if let Some(list) = self.topk.remove(&id) {
-            self.bars.remove(&(self.bar(&list), id.clone()));
-        }
         let entry = self.entries.remove(&id).expect("entry checked above");
-        if let Some(slot) = entry.slot {
-            self.slots[slot] = None;
-            self.tombstones += 1;
+        let list = self.topk.remove(&id);
+        if let Some(list) = &list {
+            self.bars.remove(&(bar(list, self.params.k), id.clone()));
+        }
+        if let Some(c) = entry.class {
+            let class = self.classes[c].as_mut().expect("a live class");
+            class.members.remove(&id);
+            if let Some(list) = &list {
+                class.by_weakest.remove(&(weakest(list, self.params.k), id.clone()));
+            }
+            if class.members.is_empty() {
+                let h = vector_hash(&class.emb);
+                self.classes[c] = None;
+                self.tombstones += 1;
+                if let Some(cs) = self.by_vector.get_mut(&h) {
+                    cs.retain(|x| *x != c);
+                    if cs.is_empty() {
+                        self.by_vector.remove(&h);
+                    }
+                }
+            }
         }
         if let Some(set) = self.by_doc.get_mut(&entry.node.doc) {
             set.remove(&(entry.node.pos, id.clone()));
@@ -356,25 +431,33 @@ impl SimilarityIndex {
         dirty.remove(&id);
     }
 
-    /// Puts a node into the index and the document map, with no list yet.
-    fn place(&mut self, id: Arc<str>, node: Node, emb: Embedding) {
-        let slot = (!emb.is_zero()).then(|| {
-            let slot = self.slots.len();
-            self.hnsw.insert_slice((&emb.0, slot));
-            self.slots.push(Some(id.clone()));
-            slot
+    /// The class of a vector, made (and put into the index) if no live node has it.
+    fn class_for(&mut self, emb: Embedding) -> usize {
+        let h = vector_hash(&emb);
+        let found = self.by_vector.get(&h).and_then(|cs| {
+            cs.iter().copied().find(|c| self.classes[*c].as_ref().is_some_and(|class| class.emb == emb))
         });
-        self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
-        self.entries.insert(id, Entry { node, emb, slot });
+        if let Some(c) = found {
+            return c;
+        }
+        let slot = self.classes.len();
+        self.hnsw.insert_slice((&emb.0, slot));
+        self.classes.push(Some(Class { emb, members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
+        self.by_vector.entry(h).or_default().push(slot);
+        slot
     }
 
-    fn insert(
-        &mut self,
-        id: Arc<str>,
-        node: Node,
-        emb: Embedding,
-        before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>,
-    ) {
+    /// Puts a node into its class and the document map, with no list yet.
+    fn place(&mut self, id: Arc<str>, node: Node, emb: Embedding) {
+        let class = (!emb.is_zero()).then(|| self.class_for(emb));
+        if let Some(c) = class {
+            self.classes[c].as_mut().expect("just made").members.insert(id.clone());
+        }
+        self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
+        self.entries.insert(id, Entry { node, class });
+    }
+
+    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut Before) {
         self.place(id.clone(), node, emb);
 
         let cands = self.candidates(&id, true);
@@ -414,7 +497,7 @@ impl SimilarityIndex {
         }
     }
 
-    fn recompute(&mut self, id: &Arc<str>, before: &mut BTreeMap<(Arc<str>, Arc<str>), Option<u32>>) {
+    fn recompute(&mut self, id: &Arc<str>, before: &mut Before) {
         let fresh: Vec<Scored> = self.candidates(id, false).into_iter().take(self.params.k).collect();
         let old = self.topk.get(id).cloned().unwrap_or_default();
         for s in old.iter().filter(|s| !fresh.iter().any(|f| f.id == s.id)) {
@@ -433,16 +516,17 @@ impl SimilarityIndex {
     /// Live nodes other than `id` with `S ≥ θ`, best first: at least the `k` best (its own list) and, with
     /// `reverse`, every node whose list `id` can enter.
     ///
-    /// A node `c` of another document takes `id` only if `α·cos ≥ bar(c)`. So the reverse lookup scans the nodes with
-    /// the lowest bars one by one (short lists, weak neighbourhoods) and asks the index only for `cos ≥ τ/α`, where
-    /// `τ` is the lowest bar not scanned. With a fixed θ every node within θ would be a candidate — a set that grows
-    /// with the space, which made ingest into one large space quadratic; the bar of a full list rises as the space
-    /// fills, and this lookup stays exact.
+    /// A node `c` outside `id`'s positional window takes `id` only if `α·cos ≥ bar(c)`. So the reverse lookup scans
+    /// the nodes with the lowest bars one by one (short lists, weak neighbourhoods) and asks the index only for
+    /// `cos ≥ τ/α`, where `τ` is the lowest bar not scanned: the bar of a full list rises as the space fills, so the
+    /// range stays narrow however large the space grows. Of each class in range, only the members whose weakest
+    /// neighbour `id` beats are candidates (and its smallest ids, for `id`'s own list): a tie is never walked.
     fn candidates(&self, id: &Arc<str>, reverse: bool) -> Vec<Scored> {
         let me = &self.entries[id];
+        let k = self.params.k;
         let mut seen: HashSet<Arc<str>> = HashSet::new();
         let mut out = Vec::new();
-        let mut consider = |other: &Arc<str>, out: &mut Vec<Scored>| {
+        let consider = |other: &Arc<str>, seen: &mut HashSet<Arc<str>>, out: &mut Vec<Scored>| {
             if other == id || !seen.insert(other.clone()) {
                 return;
             }
@@ -456,32 +540,56 @@ impl SimilarityIndex {
             let lo = (me.node.pos.saturating_sub(window), Arc::<str>::from(""));
             let hi = me.node.pos.saturating_add(window);
             for (_, other) in same_doc.range(lo..).take_while(|(p, _)| *p <= hi) {
-                consider(other, &mut out);
+                consider(other, &mut seen, &mut out);
             }
         }
-        if let (Some(min_cos), false) = (min_cos, me.emb.is_zero()) {
-            let live = self.entries.len();
-            if live <= self.params.exhaustive_below {
-                for other in self.entries.keys() {
-                    consider(other, &mut out);
+        let (Some(min_cos), Some(mine)) = (min_cos, me.class) else {
+            out.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+            return out;
+        };
+        if self.entries.len() <= self.params.exhaustive_below {
+            for other in self.entries.keys() {
+                consider(other, &mut seen, &mut out);
+            }
+        } else {
+            // Without `reverse` only the nearest matter: a bound above every cosine stops the range search after its
+            // first round, which returns more than `k` nearest.
+            let mut bound = 2.0;
+            if reverse {
+                let mut bars = self.bars.iter().filter(|(_, n)| n != id);
+                for (_, other) in bars.by_ref().take(self.params.exhaustive_below) {
+                    consider(other, &mut seen, &mut out);
                 }
-            } else {
-                // Without `reverse` only the nearest matter: a bound above every cosine stops the range search
-                // after its first round, which returns more than `k` nearest.
-                let mut bound = 2.0;
+                if let Some((tau, _)) = bars.next() {
+                    let tau = (*tau as f32 / 1e6 - 1e-6).max(self.params.theta);
+                    bound = (tau / self.params.alpha - 1e-4).max(min_cos);
+                }
+            }
+            let emb = &self.class(mine).emb;
+            for c in self.range_search(emb, bound) {
+                let class = self.class(c);
+                // Every member outside the window scores this (the window's members are already considered).
+                let score = self.params.mix(emb.dot(&class.emb), 0.0);
+                if score < self.params.theta {
+                    continue;
+                }
+                let mut taken = 0;
+                for m in &class.members {
+                    if taken == k {
+                        break;
+                    }
+                    if m != id && seen.insert(m.clone()) {
+                        out.push(Scored { score, id: m.clone() });
+                        taken += 1;
+                    }
+                }
                 if reverse {
-                    let scan = self.params.exhaustive_below.max(live / 128);
-                    let mut bars = self.bars.iter().filter(|(_, n)| n != id);
-                    for (_, other) in bars.by_ref().take(scan) {
-                        consider(other, &mut out);
+                    let beaten = (Some((score.to_bits(), Reverse(id.clone()))), Arc::<str>::from(""));
+                    for (_, m) in class.by_weakest.range(..beaten) {
+                        if m != id && seen.insert(m.clone()) {
+                            out.push(Scored { score, id: m.clone() });
+                        }
                     }
-                    if let Some((tau, _)) = bars.next() {
-                        let tau = (*tau as f32 / 1e6 - 1e-6).max(self.params.theta);
-                        bound = (tau / self.params.alpha - 1e-4).max(min_cos);
-                    }
-                }
-                for other in self.range_search(&me.emb, bound) {
-                    consider(&other, &mut out);
                 }
             }
         }
@@ -489,11 +597,11 @@ impl SimilarityIndex {
         out
     }
 
-    /// All live nodes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown
-    /// until the worst hit falls below the bound.
-    fn range_search(&self, q: &Embedding, min_cos: f32) -> Vec<Arc<str>> {
+    /// The classes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown until
+    /// the worst hit falls below the bound (and the hits hold more than `k` nodes).
+    fn range_search(&self, q: &Embedding, min_cos: f32) -> Vec<usize> {
         let mut want = (2 * self.params.k).max(16);
-        let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
+        let filter = |d: &usize| self.classes.get(*d).is_some_and(Option::is_some);
         loop {
             let ef = want.max(self.params.ef_search);
             // hnsw_rs's filtered search walks much more of the graph; without tombstones there is nothing to filter.
@@ -504,32 +612,33 @@ impl SimilarityIndex {
             };
             // hnsw_rs filters after cutting to `want`, so with tombstones a short answer is not the end of the
             // index: only the worst hit falling out of range, or asking for every point, ends the search.
-            let exhausted = want >= self.slots.len() || (self.tombstones == 0 && hits.len() < want);
+            let exhausted = want >= self.classes.len() || (self.tombstones == 0 && hits.len() < want);
             let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
-            // Enough for a top-k list (the node itself may be among the hits).
-            let enough = hits.len() > self.params.k;
-            if exhausted || (out_of_range && enough) {
-                return hits.into_iter().filter_map(|h| self.slots[h.d_id].clone()).collect();
+            // Enough for a top-k list (the node itself is among the members).
+            let members: usize =
+                hits.iter().filter_map(|h| self.classes[h.d_id].as_ref()).map(|c| c.members.len()).sum();
+            if exhausted || (out_of_range && members > self.params.k) {
+                return hits.into_iter().map(|h| h.d_id).filter(|d| self.classes[*d].is_some()).collect();
             }
             want *= 4;
         }
     }
 
-    /// Rebuilds the HNSW index from the live nodes in id order, dropping tombstones.
+    /// Rebuilds the HNSW index from the live classes in the order of their smallest member, dropping tombstones.
     fn rebuild(&mut self) {
-        let mut ids: Vec<Arc<str>> = self.entries.keys().cloned().collect();
-        ids.sort();
-        self.hnsw = Self::new_hnsw(&self.params, ids.len());
-        self.slots.clear();
+        let mut live: Vec<Class> = self.classes.drain(..).flatten().collect();
+        live.sort_by(|a, b| a.members.first().cmp(&b.members.first()));
+        self.hnsw = Self::new_hnsw(&self.params, live.len());
+        self.by_vector.clear();
         self.tombstones = 0;
-        for id in ids {
-            let e = self.entries.get_mut(&id).expect("listed");
-            if e.slot.is_some() {
-                let slot = self.slots.len();
-                self.hnsw.insert_slice((&e.emb.0, slot));
-                self.slots.push(Some(id.clone()));
-                e.slot = Some(slot);
+        for class in live {
+            let slot = self.classes.len();
+            self.hnsw.insert_slice((&class.emb.0, slot));
+            self.by_vector.entry(vector_hash(&class.emb)).or_default().push(slot);
+            for m in &class.members {
+                self.entries.get_mut(m).expect("a member is live").class = Some(slot);
             }
+            self.classes.push(Some(class));
         }
     }
 
@@ -578,6 +687,11 @@ impl SimilarityIndex {
         if self.bars.len() != self.entries.len() {
             return Err(format!("{} bars for {} nodes", self.bars.len(), self.entries.len()));
         }
+        let ordered: usize = self.classes.iter().flatten().map(|c| c.by_weakest.len()).sum();
+        let members: usize = self.classes.iter().flatten().map(|c| c.members.len()).sum();
+        if ordered != members {
+            return Err(format!("{ordered} ordered members for {members} members"));
+        }
         for id in self.entries.keys() {
             let want: Vec<Scored> = self.candidates(id, false).into_iter().take(self.params.k).collect();
             let got = self.topk.get(id).cloned().unwrap_or_default();
@@ -589,8 +703,13 @@ impl SimilarityIndex {
                     return Err(format!("holders of {} miss {id}", s.id));
                 }
             }
-            if !self.bars.contains(&(self.bar(&got), id.clone())) {
+            if !self.bars.contains(&(bar(&got, self.params.k), id.clone())) {
                 return Err(format!("bar of {id} out of step"));
+            }
+            if let Some(c) = self.entries[id].class {
+                if !self.class(c).by_weakest.contains(&(weakest(&got, self.params.k), id.clone())) {
+                    return Err(format!("weakest of {id} out of step in its class"));
+                }
             }
         }
         Ok(())

@@ -167,14 +167,16 @@ fn topics_are_a_function_of_the_current_events() {
     timely::execute(timely::Config::process(2), move |worker| {
         let tx = tx.lock().unwrap().clone();
         let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
-            let (input, vectors) = scope.new_collection::<(String, String, Vec<i16>), isize>();
+            let (input, vectors) = scope.new_collection::<(String, String, String, Vec<i16>), isize>();
             let (probe, topics) = event_topics(vectors).probe();
             topics.inner.capture_into(tx);
             (input, probe)
         });
         if worker.index() == 0 {
             for (id, v) in &feed {
-                input.insert(("s".into(), id.clone(), v.clone()));
+                input.insert(("s".into(), "c".into(), id.clone(), v.clone()));
+                // The same vectors in another conversation of the space: topics never mix conversations.
+                input.insert(("s".into(), "d".into(), id.replace("E:", "X:"), v.clone()));
             }
         }
         input.advance_to(1);
@@ -182,7 +184,7 @@ fn topics_are_a_function_of_the_current_events() {
         worker.step_while(|| probe.less_than(&1));
         if worker.index() == 0 {
             for (id, v) in feed.iter().filter(|(id, _)| id.ends_with('0') || id.ends_with('4')) {
-                input.remove(("s".into(), id.clone(), v.clone()));
+                input.remove(("s".into(), "c".into(), id.clone(), v.clone()));
             }
         }
         input.advance_to(2);
@@ -198,6 +200,11 @@ fn topics_are_a_function_of_the_current_events() {
     }
     let got: BTreeSet<(String, String)> =
         acc.into_iter().filter(|(_, d)| *d > 0).map(|((_, t, e), _)| (t, e)).collect();
+    let (other, got): (BTreeSet<(String, String)>, BTreeSet<(String, String)>) =
+        got.into_iter().partition(|(_, e)| e.starts_with("X:"));
+    assert_eq!(other.len(), items.len(), "the other conversation keeps all its events");
+    assert!(other.iter().all(|(t, _)| t.starts_with("T:X:")), "a topic mixes conversations: {other:?}");
+    assert!(got.iter().all(|(t, _)| t.starts_with("T:E:")), "a topic mixes conversations: {got:?}");
     let left: Vec<&(String, Vec<i16>)> =
         items.iter().filter(|(id, _)| !(id.ends_with('0') || id.ends_with('4'))).collect();
     let refs: Vec<(&str, &[i16])> = left.iter().map(|(a, v)| (a.as_str(), v.as_slice())).collect();

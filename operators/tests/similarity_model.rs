@@ -21,7 +21,24 @@ const TOPICS: &[&[&str]] = &[
     &["vaccine", "hospital", "doctors", "virus", "patients", "trial", "health", "clinic", "dose", "nurses"],
 ];
 
-fn random_text(rng: &mut StdRng) -> String {
+/// Backchannel turns: said again and again, word for word, as live transcripts are.
+const BACKCHANNEL: &[&str] = &["yeah .", "okay", "mm-hmm", "right right", "yeah yeah ."];
+
+fn random_text(rng: &mut StdRng, duplicates: bool) -> String {
+    if duplicates {
+        match rng.gen_range(0..10) {
+            // Exact duplicates: one of a few backchannel turns.
+            0..=3 => return BACKCHANNEL[rng.gen_range(0..BACKCHANNEL.len())].to_string(),
+            // Near-duplicates: a backchannel turn with one more word.
+            4 => {
+                let b = BACKCHANNEL[rng.gen_range(0..BACKCHANNEL.len())];
+                return format!("{b} {}", TOPICS[0][rng.gen_range(0..3)]);
+            }
+            // A short topic phrase from a small pool: more exact repeats.
+            5 => return TOPICS[rng.gen_range(0..2)][..2].join(" "),
+            _ => {}
+        }
+    }
     let topic = TOPICS[rng.gen_range(0..TOPICS.len())];
     let n = rng.gen_range(3..9);
     (0..n).map(|_| topic[rng.gen_range(0..topic.len())]).collect::<Vec<_>>().join(" ")
@@ -31,6 +48,11 @@ type Batch = Vec<(String, Node, isize)>;
 
 /// Seeded batches over three spaces: new chunks, replaced chunks and deleted documents.
 fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Batch> {
+    workload_with(seed, batches, per_batch, false)
+}
+
+/// [`workload`], with `duplicates`: half the texts are exact or near duplicates of a few short ones.
+fn workload_with(seed: u64, batches: usize, per_batch: usize, duplicates: bool) -> Vec<Batch> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut live: BTreeMap<(String, String, i64), Node> = BTreeMap::new();
     let mut out = Vec::new();
@@ -59,7 +81,7 @@ fn workload(seed: u64, batches: usize, per_batch: usize) -> Vec<Batch> {
                         kind: NodeKind::Chunk,
                         doc: doc.clone(),
                         pos: seq * POSITION_SCALE,
-                        text: random_text(&mut rng),
+                        text: random_text(&mut rng, duplicates),
                         speaker: None,
                         ts: None,
                     };
@@ -219,6 +241,52 @@ fn index_equals_brute_force_exhaustive_and_hnsw() {
             check(&format!("index seed {seed} exhaustive<{}", p.exhaustive_below), &run_index(&batches, &p), &want);
         }
     }
+}
+
+#[test]
+fn duplicates_and_ties_equal_brute_force() {
+    // Plateaus of identical vectors (ties broken by id) and near-identical ones, with deletes and replacements:
+    // the classes that share a vector must give exactly the brute-force graph, exhaustive and through HNSW.
+    for seed in [4, 5, 6] {
+        let batches = workload_with(seed, 30, 40, true);
+        for p in [params(usize::MAX), params(0), SimilarityParams { k: 2, ..params(0) }] {
+            let want = reference(&batches, &p);
+            assert!(want.last().unwrap().len() > 50, "the workload must produce a real graph");
+            check(
+                &format!("duplicates seed {seed} k={} exhaustive<{}", p.k, p.exhaustive_below),
+                &run_index(&batches, &p),
+                &want,
+            );
+        }
+    }
+    // Identical texts share one vector of the index.
+    let batches = workload_with(9, 10, 60, true);
+    let emb = HashEmbedder::default();
+    let mut idx = SimilarityIndex::new(params(0));
+    let changes: Vec<(Node, Embedding, isize)> = batches
+        .concat()
+        .into_iter()
+        .filter(|(s, _, _)| s == "s0")
+        .map(|(_, n, d)| {
+            let e = emb.embed(&n.embedding_text());
+            (n, e, d)
+        })
+        .collect();
+    let mut live: BTreeMap<(Node, Embedding), isize> = BTreeMap::new();
+    for (n, e, d) in &changes {
+        *live.entry((n.clone(), e.clone())).or_default() += d;
+    }
+    live.retain(|_, d| *d != 0);
+    let distinct: BTreeSet<&Embedding> = live.keys().map(|(_, e)| e).filter(|e| !e.is_zero()).collect();
+    idx.apply(changes);
+    assert_eq!(idx.len(), live.len());
+    assert_eq!(idx.vector_count(), distinct.len(), "one index entry per distinct vector");
+    assert!(
+        distinct.len() * 4 < live.len() * 3,
+        "{} vectors for {} nodes: the workload repeats",
+        distinct.len(),
+        live.len()
+    );
 }
 
 #[test]

@@ -100,6 +100,10 @@ pub struct EventsConfig {
     /// model's co-reference judge (same_event → merged, has_overlap → an `overlap` relation).
     pub judge: bool,
     pub judge_threshold: f32,
+    /// Extractive relations: how many earlier events of its session an event looks back at.
+    pub relation_window: usize,
+    /// Extractive relations: the most cause, motive and shared-participant links an event keeps (the strongest).
+    pub max_relations_per_event: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -320,6 +324,15 @@ impl Config {
         }
         if self.events.max_latency < Duration::from_millis(100) {
             errs.push(format!("events.max-latency = {:?} must be at least 100ms", self.events.max_latency));
+        }
+        if !(1..=1000).contains(&self.events.relation_window) {
+            errs.push(format!("events.relation-window = {} must be in 1..=1000", self.events.relation_window));
+        }
+        if !(1..=1000).contains(&self.events.max_relations_per_event) {
+            errs.push(format!(
+                "events.max-relations-per-event = {} must be in 1..=1000",
+                self.events.max_relations_per_event
+            ));
         }
         if !(self.events.merge_threshold > 0.0 && self.events.merge_threshold <= 1.0) {
             errs.push(format!("events.merge-threshold = {} must be in (0, 1]", self.events.merge_threshold));

@@ -309,9 +309,10 @@ async fn node(
     }
     if let Some(e) = view.events.get(&id) {
         let rels: Vec<_> = view
-            .relations
-            .iter()
-            .filter(|r| r.from == id || r.to == id)
+            .related
+            .get(&id)
+            .into_iter()
+            .flatten()
             .map(|r| json!({"from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}))
             .collect();
         // A merged event keeps every member's summary, turns, people and time.

@@ -86,6 +86,8 @@ pub struct SpaceView {
     /// Events by id, and their relations.
     pub events: BTreeMap<String, operators::events::EventRow>,
     pub relations: BTreeSet<operators::events::RelationRow>,
+    /// Event → the relations that touch it (either end): a walk reads an event's relations without a scan.
+    pub related: HashMap<String, BTreeSet<operators::events::RelationRow>>,
     /// Event id → the embedding of its summary and people (for `compass`).
     pub event_vectors: HashMap<String, Embedding>,
     /// Turn id → its event.
@@ -97,6 +99,14 @@ pub struct SpaceView {
 }
 
 impl SpaceView {
+    /// The events related to `event` (either direction), with the relation's kind.
+    pub fn related<'a>(&'a self, event: &'a str) -> impl Iterator<Item = (&'a str, &'static str)> + 'a {
+        self.related.get(event).into_iter().flatten().map(move |r| {
+            let other = if r.from == event { r.to.as_str() } else { r.from.as_str() };
+            (other, r.kind.name())
+        })
+    }
+
     /// Node counts per layer, layer 0 first; trailing empty layers omitted.
     pub fn layer_counts(&self) -> Vec<usize> {
         let mut counts = vec![self.nodes.len()];
@@ -328,6 +338,16 @@ impl Views {
                 ViewUpdate::Event(space, e) => self.spaces.entry(space).or_default().apply_event(e, d, embed),
                 ViewUpdate::Relation(space, r) => {
                     let view = self.spaces.entry(space).or_default();
+                    for end in [&r.from, &r.to] {
+                        if d > 0 {
+                            view.related.entry(end.clone()).or_default().insert(r.clone());
+                        } else if let Some(set) = view.related.get_mut(end) {
+                            set.remove(&r);
+                            if set.is_empty() {
+                                view.related.remove(end);
+                            }
+                        }
+                    }
                     if d > 0 {
                         view.relations.insert(r);
                     } else {

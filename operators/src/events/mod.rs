@@ -26,7 +26,7 @@ pub use crate::request::SessionAnswer;
 pub use coref::{coref_key, coreference, describe_event, Coreference};
 pub use dataflow::{event_memory, EventMemory};
 pub use merge::{event_merges, merge_groups, quantise, quantised_cos, similar_pairs};
-pub use relations::extractive_relations;
+pub use relations::{extractive_relations, RelationBounds};
 pub use segment::{extractive_segments, seconds, SegmentParams};
 pub use sessions::{answered_events, session_events};
 pub use topics::{event_topics, kmeans_topics, topic_count};

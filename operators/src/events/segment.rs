@@ -16,11 +16,20 @@ pub struct SegmentParams {
     pub min_turns: usize,
     pub max_turns: usize,
     pub summary_words: usize,
+    /// How far back an event looks for relations and how many it keeps (extractive relations).
+    pub relations: super::RelationBounds,
 }
 
 impl Default for SegmentParams {
     fn default() -> Self {
-        SegmentParams { time_gap_secs: 30 * 60, shift_below: 0.05, min_turns: 3, max_turns: 8, summary_words: 60 }
+        SegmentParams {
+            time_gap_secs: 30 * 60,
+            shift_below: 0.05,
+            min_turns: 3,
+            max_turns: 8,
+            summary_words: 60,
+            relations: super::RelationBounds::default(),
+        }
     }
 }
 

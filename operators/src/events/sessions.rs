@@ -16,7 +16,7 @@ pub fn session_events(
     let (_, input) = sorted_turns(turns);
     let drafts = extractive_segments(&input, p);
     let ins: Vec<EventIn> = drafts.iter().map(EventIn::from).collect();
-    let rels = extractive_relations(&ins);
+    let rels = extractive_relations(&ins, p.relations);
     rows(conversation, session, &input, drafts, rels)
 }
 

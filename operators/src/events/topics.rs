@@ -66,24 +66,26 @@ pub fn kmeans_topics(items: &[(&str, &[i16])]) -> Vec<usize> {
     (0..n).map(|i| name[&assign[i]]).collect()
 }
 
-/// Topics (CompassMem): per space, k-means over the events' vectors ([`kmeans_topics`]), recomputed as a whole
-/// whenever the space's events change — a pure function of the current events, so incremental equals from
-/// scratch (the paper's "join the nearest topic, re-cluster every 4 steps" depends on arrival order; this does
-/// not). Output: `(space, topic, event)` with topic `T:<smallest member event id>`.
+/// Topics (CompassMem): per conversation (a meeting, a chat), k-means over its events' vectors ([`kmeans_topics`]),
+/// recomputed as a whole whenever the conversation's events change — a pure function of the current events, so
+/// incremental equals from scratch (the paper's "join the nearest topic, re-cluster every 4 steps" depends on arrival
+/// order; this does not). Per conversation, so an event costs what its own meeting costs however many meetings the
+/// space holds. Input `(space, conversation, event, vector)`; output `(space, topic, event)` with topic
+/// `T:<smallest member event id>`.
 pub fn event_topics<'s, T>(
-    vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
+    vectors: differential_dataflow::VecCollection<'s, T, (String, String, String, Vec<i16>)>,
 ) -> differential_dataflow::VecCollection<'s, T, (String, String, String)>
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
     vectors
-        .map(|(s, id, v)| (s, (id, v)))
-        .reduce(|_s, events: &[(&(String, Vec<i16>), isize)], out: &mut Vec<((String, String), isize)>| {
+        .map(|(s, conversation, id, v)| ((s, conversation), (id, v)))
+        .reduce(|_k, events: &[(&(String, Vec<i16>), isize)], out: &mut Vec<((String, String), isize)>| {
             let items: Vec<(&str, &[i16])> =
                 events.iter().filter(|(_, d)| *d > 0).map(|(e, _)| (e.0.as_str(), e.1.as_slice())).collect();
             for (i, t) in kmeans_topics(&items).into_iter().enumerate() {
                 out.push(((format!("T:{}", items[t].0), items[i].0.to_string()), 1));
             }
         })
-        .map(|(s, (topic, event))| (s, topic, event))
+        .map(|((s, _), (topic, event))| (s, topic, event))
 }

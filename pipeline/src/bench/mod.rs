@@ -6,7 +6,9 @@ mod hierarchy;
 mod ingest;
 mod kafka;
 mod llm;
+mod news;
 mod profile;
+mod scale;
 mod theta;
 
 use std::path::PathBuf;
@@ -37,6 +39,10 @@ pub enum BenchName {
     /// Source throughput: the inputs' records produced to a fresh Kafka topic (`--brokers`), then read back through
     /// engram's Kafka source and, on the same records, through its file source.
     Kafka,
+    /// ONE space grown to each of `--sizes` chunks through the real engine: ingest rate against raw hnsw_rs
+    /// insertion of the same vectors, resident memory per chunk, query latency per mode, and freshness under a steady
+    /// stream. `--input` names the records (one space); without it, a synthetic news stream.
+    Scale,
 }
 
 #[derive(Args)]
@@ -80,6 +86,15 @@ pub struct BenchArgs {
     /// embed: a local model directory (config.json, model.safetensors, tokenizer.json) to measure too.
     #[arg(long)]
     pub(super) model_dir: Option<PathBuf>,
+    /// scale: questions per mode at every size.
+    #[arg(long, default_value_t = 100)]
+    pub(super) queries: usize,
+    /// scale: records a second streamed into the grown space while freshness is measured.
+    #[arg(long, default_value_t = 10.0)]
+    pub(super) stream_rate: f64,
+    /// scale: seconds of that stream at every size (0 skips freshness).
+    #[arg(long, default_value_t = 10.0)]
+    pub(super) stream_seconds: f64,
     /// kafka: the broker.
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub(super) brokers: String,
@@ -94,6 +109,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchName::Embed => embed::embed_bench(&args, &config),
         BenchName::Llm => llm::llm_bench(&args),
         BenchName::Kafka => kafka::kafka_bench(&args),
+        BenchName::Scale => scale::scale(&args, &config),
     }
 }
 

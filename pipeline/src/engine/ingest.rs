@@ -241,11 +241,18 @@ impl Shared {
         self.queue.lock().expect("queue lock").open_epoch
     }
 
-    /// Queues records that need no log (an evaluation's input, which is rebuilt from its files on every run).
-    pub fn queue_records(&self, records: Vec<Record>) {
+    /// Queues records that need no log (an evaluation's or a bench's input, rebuilt from its files on every run).
+    /// Returns the epoch that will hold them.
+    pub fn queue_records(&self, records: Vec<Record>) -> u64 {
         let mut q = self.queue.lock().expect("queue lock");
         q.opened.get_or_insert_with(Instant::now);
         q.items.extend(records.into_iter().map(Item::Record));
+        q.open_epoch
+    }
+
+    /// Items waiting in the queue for an epoch.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().expect("queue lock").items.len()
     }
 
     /// Queues logged replies of the model, after they are in the response log.

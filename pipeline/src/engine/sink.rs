@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use differential_dataflow::input::{Input, InputSession};
 use differential_dataflow::VecCollection;
-use operators::events::SegmentParams;
+use operators::events::{RelationBounds, SegmentParams};
 use operators::memory::{memory, MemoryParams};
 use operators::model::ErrorRow;
 use operators::{Embedding, Node};
@@ -101,7 +101,11 @@ pub fn memory_params(config: &Config) -> MemoryParams {
     MemoryParams {
         similarity: config.similarity.clone(),
         hierarchy: config.hierarchy.params(),
-        segment: SegmentParams { summary_words: config.hierarchy.summary_words, ..Default::default() },
+        segment: SegmentParams {
+            summary_words: config.hierarchy.summary_words,
+            relations: RelationBounds { window: ev.relation_window, max_per_event: ev.max_relations_per_event },
+            ..Default::default()
+        },
         with_model: config.llm.has_model(),
         merge_threshold: ev.merge_threshold,
         judge_threshold: ev.judge.then_some(ev.judge_threshold),

@@ -58,13 +58,7 @@ pub fn compass(
         .keys()
         .map(|id| (id.as_str(), rels.iter().filter_map(|r| Some(r.of(id)? + SEGMENT * r.top)).fold(f32::MIN, f32::max)))
         .collect();
-    let mut related: HashMap<&str, Vec<(&str, &str)>> = HashMap::new();
-    for r in &view.relations {
-        let kind = r.kind.name();
-        related.entry(r.from.as_str()).or_default().push((r.to.as_str(), kind));
-        related.entry(r.to.as_str()).or_default().push((r.from.as_str(), kind));
-    }
-    let explorer = Explorer { view, guide, query, related, k, topic_seeds };
+    let explorer = Explorer { view, guide, query, k, topic_seeds };
     let mut reached: HashMap<&str, f32> = HashMap::new();
     for (g, rel) in goals.iter().zip(&rels) {
         for (id, s) in explorer.explore(g, rel, &mut trace) {
@@ -116,8 +110,6 @@ struct Explorer<'a> {
     view: &'a SpaceView,
     guide: &'a dyn Guide,
     query: &'a str,
-    /// Event → its related events (either direction) and the relation's kind.
-    related: HashMap<&'a str, Vec<(&'a str, &'a str)>>,
     k: usize,
     topic_seeds: usize,
 }
@@ -221,7 +213,7 @@ impl<'a> Explorer<'a> {
             // Events one relation away, each at the best of its own score and 0.8 × where it was reached from.
             let mut reach: BTreeMap<&str, (f32, &str, &str)> = BTreeMap::new();
             for (id, s) in &frontier {
-                for (to, kind) in self.related.get(id).map(Vec::as_slice).unwrap_or(&[]) {
+                for (to, kind) in self.view.related(id) {
                     let got = self.score(rel, to).max(0.8 * s);
                     if reach.get(to).is_none_or(|r| r.0 < got) {
                         reach.insert(to, (got, id, kind));

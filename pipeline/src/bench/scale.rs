@@ -1,0 +1,305 @@
+//! `engram bench scale`: ONE space grown through the real engine (input log, dataflow, similarity, hierarchy,
+//! extractive summaries, events, topics, views) to each of `--sizes` chunks. At every size it reports the ingest
+//! rate of the segment just added, the resident memory per chunk, query latency per mode (no model), and freshness:
+//! the time from a record's receipt to its reflection in the views, while a steady stream (`--stream-rate` records a
+//! second for `--stream-seconds`) flows into the grown space. After the engine has stopped, raw hnsw_rs insertion of
+//! the same vectors with the same parameters is timed segment by segment in the same run, the yardstick of ingest.
+//!
+//! Corpora: `--input FILE` (records of one space, e.g. QMSum's training meetings from
+//! `scripts/to_records.py qmsum DIR --one-space meetings`), or, without `--input`, a synthetic news stream
+//! ([`super::news`]).
+
+use std::collections::VecDeque;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use hnsw_rs::prelude::Hnsw;
+use operators::ingest::Ingestor;
+use operators::model::UnitCosine;
+use operators::record::from_value;
+use operators::Record;
+use serde_json::{json, Value};
+
+use super::news::News;
+use super::BenchArgs;
+use crate::config::Config;
+use crate::engine::{Engine, Place, Shared};
+use crate::query::{Mode, QueryRequest};
+
+/// The records to grow the space with, in order, and where questions come from.
+enum Corpus {
+    News(Box<News>, VecDeque<Value>),
+    Records(std::vec::IntoIter<Value>),
+}
+
+impl Corpus {
+    fn next(&mut self) -> Option<Value> {
+        match self {
+            Corpus::News(news, buf) => {
+                if buf.is_empty() {
+                    buf.extend(news.next_doc());
+                }
+                buf.pop_front()
+            }
+            Corpus::Records(it) => it.next(),
+        }
+    }
+}
+
+/// Resident memory of this process, in bytes (Linux; 0 elsewhere).
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Waits until everything queued is in the views and no request waits for the summariser (a minute without
+/// progress on the requests ends the wait).
+fn settle(shared: &Shared) {
+    let (mut last, mut progress) = (usize::MAX, Instant::now());
+    loop {
+        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of().is_some_and(|a| a >= e));
+        let pending = shared.views().request_count();
+        if settled && pending == 0 {
+            return;
+        }
+        if pending != last {
+            (last, progress) = (pending, Instant::now());
+        } else if settled && progress.elapsed() > Duration::from_secs(60) {
+            eprintln!("warning: {pending} requests made no progress for a minute");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+struct Point {
+    size: usize,
+    records: usize,
+    seconds: f64,
+    json: Value,
+}
+
+pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    let mut sizes = args.sizes.clone();
+    sizes.sort_unstable();
+    anyhow::ensure!(!sizes.is_empty(), "--sizes names no size");
+    let dir = std::env::temp_dir().join(format!("engram-bench-scale-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut config = config.clone();
+    config.data_dir = dir.clone();
+    config.ingest.epoch_max_records = args.batch.max(1);
+    let (mut corpus, corpus_name) = if args.inputs.is_empty() {
+        (Corpus::News(Box::new(News::new("news", 42)), VecDeque::new()), "synthetic-news".to_string())
+    } else {
+        let mut all = Vec::new();
+        for path in &args.inputs {
+            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                all.push(serde_json::from_str::<Value>(line)?);
+            }
+        }
+        let names: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
+        (Corpus::Records(all.into_iter()), names.join(","))
+    };
+    let mut engine = Engine::open(config.clone(), Place::SINGLE)?;
+    let shared = engine.shared().clone();
+    engine.start(timely::Config::process(args.workers.first().copied().unwrap_or(1)))?;
+    let baseline = rss_bytes();
+    // Every record fed, for the yardstick's vectors and the questions.
+    let mut fed: Vec<Record> = Vec::new();
+    let mut space = String::new();
+    let mut points = Vec::new();
+    let mut questions = News::new("news", 7);
+    let mut grown = 0;
+    for &size in &sizes {
+        // Grow: keep a few epochs queued, never the whole segment (its records would count as the memory's).
+        let started = Instant::now();
+        let before = fed.len();
+        while fed.len() < size {
+            if shared.queued() > 2 * args.batch {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let mut batch = Vec::with_capacity(args.batch);
+            while batch.len() < args.batch && fed.len() + batch.len() < size {
+                let Some(v) = corpus.next() else { break };
+                batch.push(from_value(v, None, &shared.limits).map_err(|e| anyhow::anyhow!("record: {e}"))?);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            space = batch[0].space().to_string();
+            fed.extend(batch.iter().cloned());
+            shared.queue_records(batch);
+        }
+        settle(&shared);
+        let seconds = started.elapsed().as_secs_f64();
+        let records = fed.len() - before;
+        if records == 0 {
+            eprintln!("the corpus ends at {} records", fed.len());
+            break;
+        }
+        grown = fed.len();
+        let rss = rss_bytes();
+        let (nodes, events, relations, topics, layers) = counts(&shared, &space);
+        let latency = query_latency(&shared, &space, &fed, &mut questions, args.queries);
+        let fresh = freshness(&shared, &mut corpus, &mut fed, args.stream_rate, args.stream_seconds)?;
+        let point = json!({
+            "bench": "scale", "corpus": corpus_name, "space": space, "size": nodes, "records": fed.len(),
+            "segment_records": records, "segment_seconds": seconds,
+            "chunks_per_second": records as f64 / seconds,
+            "rss_bytes": rss, "rss_bytes_per_chunk": rss.saturating_sub(baseline) as f64 / nodes.max(1) as f64,
+            "events": events, "relations": relations, "relations_per_event": relations as f64 / events.max(1) as f64,
+            "topics": topics, "layers": layers, "query_ms": latency, "freshness_ms": fresh,
+        });
+        eprintln!("{point}");
+        points.push(Point { size: grown, records, seconds, json: point });
+    }
+    engine.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    // The yardstick: the same vectors into a bare hnsw_rs index with the same parameters, segment by segment.
+    let p = &config.similarity;
+    let embedder = shared.embedder.clone();
+    let mut ingestor = Ingestor::new(config.ingest.chunk_tokens);
+    let hnsw: Hnsw<f32, UnitCosine> = Hnsw::new(p.max_connections, grown.max(1024), 16, p.ef_construction, UnitCosine);
+    let (mut at, mut slot) = (0, 0);
+    for point in &mut points {
+        let texts: Vec<String> = fed[at..point.size]
+            .iter()
+            .flat_map(|r| ingestor.apply(r.clone()))
+            .filter(|d| d.2 > 0)
+            .map(|d| d.1.embedding_text())
+            .collect();
+        at = point.size;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = embedder.embed_batch(&refs);
+        let t = Instant::now();
+        for v in &vectors {
+            if !v.is_zero() {
+                hnsw.insert_slice((&v.0, slot));
+                slot += 1;
+            }
+        }
+        let raw = vectors.len() as f64 / t.elapsed().as_secs_f64();
+        let ours = point.records as f64 / point.seconds;
+        point.json["hnsw_rs_chunks_per_second"] = json!(raw);
+        point.json["vs_hnsw_rs"] = json!(ours / raw);
+    }
+    for p in &points {
+        if args.json {
+            println!("{}", p.json);
+        } else {
+            let q = &p.json["query_ms"];
+            println!(
+                "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} KB/chunk={:<6.1} events={} rel/event={:.1} \
+                 p95 ms flat={:.1} pg={:.1} compass={:.1}  freshness p95 ms={:.0}",
+                p.json["size"],
+                p.json["chunks_per_second"].as_f64().unwrap_or(0.0),
+                p.json["hnsw_rs_chunks_per_second"].as_f64().unwrap_or(0.0),
+                p.json["vs_hnsw_rs"].as_f64().unwrap_or(0.0),
+                p.json["rss_bytes_per_chunk"].as_f64().unwrap_or(0.0) / 1024.0,
+                p.json["events"],
+                p.json["relations_per_event"].as_f64().unwrap_or(0.0),
+                q["flat"]["p95"].as_f64().unwrap_or(0.0),
+                q["prune-and-grow"]["p95"].as_f64().unwrap_or(0.0),
+                q["compass"]["p95"].as_f64().unwrap_or(0.0),
+                p.json["freshness_ms"]["p95"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// (layer-0 nodes, events, relations, topics, nodes per layer).
+fn counts(shared: &Shared, space: &str) -> (usize, usize, usize, usize, Vec<usize>) {
+    let views = shared.views();
+    let Some(v) = views.spaces.get(space) else { return (0, 0, 0, 0, Vec::new()) };
+    let topics: std::collections::HashSet<&String> = v.topic_of.values().collect();
+    (v.nodes.len(), v.events.len(), v.relations.len(), topics.len(), v.layer_counts())
+}
+
+/// p50 and p95 (ms) of `n` queries per mode, without a model: questions from the news generator, or the opening
+/// words of turns spread over the records.
+fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, n: usize) -> Value {
+    let questions: Vec<String> = (0..n)
+        .map(|i| match &fed[(i * 7919) % fed.len()] {
+            Record::Turn { text, .. } => text.split_whitespace().take(12).collect::<Vec<_>>().join(" "),
+            _ => news.question(),
+        })
+        .collect();
+    let mut out = serde_json::Map::new();
+    for mode in [Mode::Flat, Mode::PruneAndGrow, Mode::Compass] {
+        let mut ms = Vec::new();
+        for q in &questions {
+            let req = QueryRequest {
+                query: if q.trim().is_empty() { "what was said".into() } else { q.clone() },
+                mode,
+                budget_words: None,
+                k: None,
+                answer: Some(false),
+                use_model: Some(false),
+            };
+            let t = Instant::now();
+            let _ = crate::service::execute(shared, space, &req);
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        out.insert(mode.as_str().into(), json!({"p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95)}));
+    }
+    Value::Object(out)
+}
+
+/// Streams `rate` records a second for `seconds` into the space and measures each record's time from receipt
+/// (queued) to the views reflecting its epoch: p50, p95, max (ms).
+fn freshness(
+    shared: &Shared,
+    corpus: &mut Corpus,
+    fed: &mut Vec<Record>,
+    rate: f64,
+    seconds: f64,
+) -> anyhow::Result<Value> {
+    let total = (rate * seconds).round() as usize;
+    if total == 0 {
+        return Ok(Value::Null);
+    }
+    let started = Instant::now();
+    let mut waiting: VecDeque<(u64, Instant)> = VecDeque::new();
+    let mut ms = Vec::new();
+    let mut sent = 0;
+    while sent < total || !waiting.is_empty() {
+        let due = started + Duration::from_secs_f64(sent as f64 / rate);
+        if sent < total && Instant::now() >= due {
+            let Some(v) = corpus.next() else { break };
+            let r = from_value(v, None, &shared.limits).map_err(|e| anyhow::anyhow!("record: {e}"))?;
+            fed.push(r.clone());
+            let epoch = shared.queue_records(vec![r]);
+            waiting.push_back((epoch, Instant::now()));
+            sent += 1;
+        }
+        let as_of = shared.as_of();
+        while waiting.front().is_some_and(|(e, _)| as_of.is_some_and(|a| a >= *e)) {
+            let (_, t) = waiting.pop_front().expect("front");
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if started.elapsed() > Duration::from_secs_f64(seconds + 120.0) {
+            eprintln!("warning: {} streamed records not in the views two minutes on", waiting.len());
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    settle(shared);
+    ms.sort_by(f64::total_cmp);
+    Ok(json!({"records": ms.len(), "p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95),
+              "max": ms.last().copied().unwrap_or(0.0)}))
+}
