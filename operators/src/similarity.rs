@@ -51,6 +51,11 @@ pub struct SimilarityParams {
     pub ef_search: usize,
     /// Below this many live nodes a space is searched exhaustively: exact and faster than a graph walk.
     pub exhaustive_below: usize,
+    /// The most vector classes an insert's reverse lookup asks the index for. A range that holds more (a dense
+    /// region: one speaker's thousands of short turns) is cut to its nearest classes, as `ef-search` cuts a search:
+    /// the cost of an insert stays bounded, and a weak node beyond the cut misses the newcomer until it is next
+    /// recomputed. Ranges within the cap are exact.
+    pub max_reverse_classes: usize,
 }
 
 impl Default for SimilarityParams {
@@ -64,6 +69,7 @@ impl Default for SimilarityParams {
             ef_construction: 100,
             ef_search: 64,
             exhaustive_below: 256,
+            max_reverse_classes: 256,
         }
     }
 }
@@ -86,6 +92,9 @@ impl SimilarityParams {
         }
         if !(2..=256).contains(&self.max_connections) {
             errs.push(format!("similarity.max-connections = {} must be in 2..=256", self.max_connections));
+        }
+        if self.max_reverse_classes < 16 {
+            errs.push(format!("similarity.max-reverse-classes = {} must be at least 16", self.max_reverse_classes));
         }
         if self.ef_construction == 0 || self.ef_search == 0 {
             errs.push("similarity.ef-construction and similarity.ef-search must be positive".into());
@@ -566,7 +575,8 @@ impl SimilarityIndex {
                 }
             }
             let emb = &self.class(mine).emb;
-            for c in self.range_search(emb, bound) {
+            let cap = if reverse { self.params.max_reverse_classes } else { usize::MAX };
+            for c in self.range_search(emb, bound, cap) {
                 let class = self.class(c);
                 // Every member outside the window scores this (the window's members are already considered).
                 let score = self.params.mix(emb.dot(&class.emb), 0.0);
@@ -598,8 +608,8 @@ impl SimilarityIndex {
     }
 
     /// The classes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown until
-    /// the worst hit falls below the bound (and the hits hold more than `k` nodes).
-    fn range_search(&self, q: &Embedding, min_cos: f32) -> Vec<usize> {
+    /// the worst hit falls below the bound (and the hits hold more than `k` nodes), or reaches `cap`.
+    fn range_search(&self, q: &Embedding, min_cos: f32, cap: usize) -> Vec<usize> {
         let mut want = (2 * self.params.k).max(16);
         let filter = |d: &usize| self.classes.get(*d).is_some_and(Option::is_some);
         loop {
@@ -617,10 +627,10 @@ impl SimilarityIndex {
             // Enough for a top-k list (the node itself is among the members).
             let members: usize =
                 hits.iter().filter_map(|h| self.classes[h.d_id].as_ref()).map(|c| c.members.len()).sum();
-            if exhausted || (out_of_range && members > self.params.k) {
+            if exhausted || want >= cap || (out_of_range && members > self.params.k) {
                 return hits.into_iter().map(|h| h.d_id).filter(|d| self.classes[*d].is_some()).collect();
             }
-            want *= 4;
+            want = (want * 4).min(cap);
         }
     }
 

@@ -79,7 +79,13 @@ where
                 out.push((made, 1));
             },
         );
-    let events = sessions.clone().flat_map(|((s, _, _), (events, _))| events.into_iter().map(move |e| (s.clone(), e)));
-    let relations = sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r)));
+    // A session's answer changes as a whole; most of its events do not, and cancel here, before anything downstream
+    // embeds or compares them.
+    let events = sessions
+        .clone()
+        .flat_map(|((s, _, _), (events, _))| events.into_iter().map(move |e| (s.clone(), e)))
+        .consolidate_stream();
+    let relations =
+        sessions.flat_map(|((s, _, _), (_, rels))| rels.into_iter().map(move |r| (s.clone(), r))).consolidate_stream();
     EventMemory { events, relations, requests }
 }

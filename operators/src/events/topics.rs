@@ -7,35 +7,55 @@ pub fn topic_count(n: usize) -> usize {
 
 /// Deterministic k-means over quantised unit vectors (cosine): farthest-first seeding from the smallest id, then
 /// Lloyd rounds until stable (at most 20). Returns, per input, the index of its topic's smallest member — a name
-/// that does not depend on the order topics were found in.
+/// that does not depend on the order topics were found in. Event vectors are sparse (a summary's words among the
+/// embedder's buckets), so items are kept as their non-zero components and each dot product costs what the item
+/// holds, not the dimension.
 pub fn kmeans_topics(items: &[(&str, &[i16])]) -> Vec<usize> {
     let n = items.len();
     if n == 0 {
         return Vec::new();
     }
     let k = topic_count(n);
-    let vecs: Vec<Vec<f32>> = items.iter().map(|(_, v)| v.iter().map(|x| f32::from(*x) / 10_000.0).collect()).collect();
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let dim = items.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let sparse: Vec<Vec<(usize, f32)>> = items
+        .iter()
+        .map(|(_, v)| {
+            v.iter().enumerate().filter(|(_, x)| **x != 0).map(|(i, x)| (i, f32::from(*x) / 10_000.0)).collect()
+        })
+        .collect();
+    let dot = |a: &[(usize, f32)], centre: &[f32]| a.iter().map(|(i, x)| x * centre[*i]).sum::<f32>();
+    let dense = |a: &[(usize, f32)]| {
+        let mut v = vec![0f32; dim];
+        for (i, x) in a {
+            v[*i] = *x;
+        }
+        v
+    };
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by(|&a, &b| items[a].0.cmp(items[b].0));
-    let mut centres: Vec<Vec<f32>> = vec![vecs[order[0]].clone()];
+    let mut centres: Vec<Vec<f32>> = vec![dense(&sparse[order[0]])];
+    // Each item's best similarity to the centres so far, kept as centres are added.
+    let mut best: Vec<f32> = sparse.iter().map(|a| dot(a, &centres[0])).collect();
     while centres.len() < k {
         // The item least similar to every centre; ties to the smallest id.
         let next = order
             .iter()
             .copied()
-            .map(|i| (centres.iter().map(|c| dot(&vecs[i], c)).fold(f32::MIN, f32::max), i))
-            .min_by(|a, b| a.0.total_cmp(&b.0).then_with(|| items[a.1].0.cmp(items[b.1].0)))
-            .expect("n > 0")
-            .1;
-        centres.push(vecs[next].clone());
+            .min_by(|&a, &b| best[a].total_cmp(&best[b]).then_with(|| items[a].0.cmp(items[b].0)))
+            .expect("n > 0");
+        let centre = dense(&sparse[next]);
+        for (b, a) in best.iter_mut().zip(&sparse) {
+            *b = b.max(dot(a, &centre));
+        }
+        centres.push(centre);
     }
     let mut assign = vec![usize::MAX; n];
     for _round in 0..20 {
-        let new: Vec<usize> = (0..n)
-            .map(|i| {
+        let new: Vec<usize> = sparse
+            .iter()
+            .map(|a| {
                 (0..k)
-                    .map(|c| (dot(&vecs[i], &centres[c]), c))
+                    .map(|c| (dot(a, &centres[c]), c))
                     .max_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(&a.1)))
                     .expect("k > 0")
                     .1
@@ -45,14 +65,17 @@ pub fn kmeans_topics(items: &[(&str, &[i16])]) -> Vec<usize> {
             break;
         }
         assign = new;
-        for (c, centre) in centres.iter_mut().enumerate() {
-            let members: Vec<usize> = (0..n).filter(|&i| assign[i] == c).collect();
-            if members.is_empty() {
-                continue;
+        let mut sums = vec![vec![0f32; dim]; k];
+        let mut counts = vec![0usize; k];
+        for (a, &c) in sparse.iter().zip(&assign) {
+            counts[c] += 1;
+            for (i, x) in a {
+                sums[c][*i] += x;
             }
-            let mut sum = vec![0f32; centre.len()];
-            for &i in &members {
-                sum.iter_mut().zip(&vecs[i]).for_each(|(s, x)| *s += x);
+        }
+        for ((centre, sum), count) in centres.iter_mut().zip(sums).zip(counts) {
+            if count == 0 {
+                continue;
             }
             let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::MIN_POSITIVE);
             *centre = sum.into_iter().map(|x| x / norm).collect();
