@@ -39,6 +39,8 @@ pub struct MemoryParams {
     pub with_model: bool,
     /// Events whose vectors reach this cosine are merged.
     pub merge_threshold: f32,
+    /// Each event is linked to at most this many nearest events at the threshold (the components are merged).
+    pub merge_neighbours: usize,
     /// With a model, the pairs from this cosine up to the merge threshold go to the co-reference judge; `None`: no
     /// judge.
     pub judge_threshold: Option<f32>,
@@ -101,7 +103,7 @@ where
     let tau = params.merge_threshold;
     let tau_micro = micro(tau);
     let lo = params.judge_threshold.filter(|_| params.with_model).unwrap_or(tau);
-    let pairs = events::similar_pairs(event_vectors.clone(), lo);
+    let pairs = events::similar_pairs(event_vectors.clone(), lo, params.merge_neighbours, &params.similarity);
     let links = pairs.clone().filter(move |p| p.3 >= tau_micro).map(|(s, a, b, _)| (s, a, b));
     let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
     let coref = events::coreference(candidates, em.events.clone(), logged);

@@ -5,11 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{mpsc, Arc, Mutex};
 
 use differential_dataflow::input::Input;
-use engram_operators::events::{event_merges, quantise, quantised_cos};
+use engram_operators::events::{event_embedding, event_merges, pair_params, quantise};
+use engram_operators::model::{Node, NodeKind};
+use engram_operators::similarity::{reference_edges, SimilarityParams};
 use rand::{Rng, SeedableRng};
 use timely::dataflow::operators::capture::{Capture, Extract};
 
 const TAU: f32 = 0.88;
+/// Few enough neighbours that some events have more links at τ than they keep.
+const K: usize = 3;
 type Ev = (String, String, Vec<i16>);
 
 fn vector(rng: &mut rand::rngs::StdRng, prototype: usize) -> Vec<i16> {
@@ -33,12 +37,30 @@ fn expected(live: &BTreeSet<Ev>) -> BTreeSet<(String, String, String)> {
         }
         p[x]
     }
-    for i in 0..items.len() {
-        for j in i + 1..items.len() {
-            if items[i].0 == items[j].0 && quantised_cos(&items[i].2, &items[j].2) >= TAU {
-                let (a, b) = (find(&mut parent, i), find(&mut parent, j));
-                parent[a.max(b)] = a.min(b);
-            }
+    // The links: each event's K nearest at τ or above (brute force, per space), as the index defines them.
+    let p = pair_params(TAU, K, &SimilarityParams::default());
+    let at: BTreeMap<(&str, &str), usize> =
+        items.iter().enumerate().map(|(i, e)| ((e.0.as_str(), e.1.as_str()), i)).collect();
+    for space in items.iter().map(|e| e.0.as_str()).collect::<BTreeSet<_>>() {
+        let nodes: Vec<(Node, engram_operators::Embedding)> = items
+            .iter()
+            .filter(|e| e.0 == space)
+            .map(|e| {
+                let node = Node {
+                    id: e.1.clone(),
+                    kind: NodeKind::Summary,
+                    doc: e.1.clone(),
+                    pos: 0,
+                    text: String::new(),
+                    speaker: None,
+                    ts: None,
+                };
+                (node, event_embedding(&e.2))
+            })
+            .collect();
+        for (u, v, _) in reference_edges(&p, &nodes) {
+            let (a, b) = (find(&mut parent, at[&(space, u.as_str())]), find(&mut parent, at[&(space, v.as_str())]));
+            parent[a.max(b)] = a.min(b);
         }
     }
     let mut group: BTreeMap<usize, String> = BTreeMap::new();
@@ -65,7 +87,7 @@ fn run(workers: usize, steps: Vec<Vec<(Ev, isize)>>) -> Vec<BTreeSet<(String, St
         let tx = tx.lock().unwrap().clone();
         let (mut input, probe) = worker.dataflow::<u64, _, _>(|scope| {
             let (input, vectors) = scope.new_collection::<Ev, isize>();
-            let (probe, merged) = event_merges(vectors, TAU).probe();
+            let (probe, merged) = event_merges(vectors, TAU, K, &SimilarityParams::default()).probe();
             merged.inner.capture_into(tx);
             (input, probe)
         });

@@ -100,6 +100,8 @@ pub struct EventsConfig {
     /// model's co-reference judge (same_event → merged, has_overlap → an `overlap` relation).
     pub judge: bool,
     pub judge_threshold: f32,
+    /// Each event is linked to its this-many nearest events at `merge-threshold` or above (the similarity index).
+    pub merge_neighbours: usize,
     /// Extractive relations: how many earlier events of its session an event looks back at.
     pub relation_window: usize,
     /// Extractive relations: the most cause, motive and shared-participant links an event keeps (the strongest).
@@ -324,6 +326,9 @@ impl Config {
         }
         if self.events.max_latency < Duration::from_millis(100) {
             errs.push(format!("events.max-latency = {:?} must be at least 100ms", self.events.max_latency));
+        }
+        if !(1..=1000).contains(&self.events.merge_neighbours) {
+            errs.push(format!("events.merge-neighbours = {} must be in 1..=1000", self.events.merge_neighbours));
         }
         if !(1..=1000).contains(&self.events.relation_window) {
             errs.push(format!("events.relation-window = {} must be in 1..=1000", self.events.relation_window));

@@ -13,38 +13,64 @@ pub fn quantised_cos(a: &[i16], b: &[i16]) -> f32 {
     dot as f32 / 1e8
 }
 
-/// Pairs of events of one space (`a < b` by id) whose vectors reach cosine ≥ `lo`, with the cosine in millionths:
-/// a self-join per space, so a new event is compared with the space's events once.
+/// The vector a quantised event vector stands for, for the similarity index.
+pub fn event_embedding(v: &[i16]) -> crate::model::Embedding {
+    crate::model::Embedding(v.iter().map(|x| f32::from(*x) / 10_000.0).collect())
+}
+
+/// The similarity index's parameters for event pairs: cosine alone (no positional term), `k` neighbours per event
+/// from cosine `lo`, the HNSW settings of `index`.
+pub fn pair_params(
+    lo: f32,
+    k: usize,
+    index: &crate::similarity::SimilarityParams,
+) -> crate::similarity::SimilarityParams {
+    crate::similarity::SimilarityParams { alpha: 1.0, theta: lo, k, ..index.clone() }
+}
+
+/// Pairs of events of one space (`a < b` by id) where either keeps the other among its `k` nearest events at
+/// cosine ≥ `lo` ([`event_embedding`]), with the cosine in millionths: the layer-0 similarity index
+/// ([`crate::dataflow::similarity_edges`]) over event vectors, so a new event costs an index lookup, not a pass over
+/// the space's events. Each event is its own document: no positional term.
 pub fn similar_pairs<'s, T>(
     vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
     lo: f32,
+    k: usize,
+    index: &crate::similarity::SimilarityParams,
 ) -> differential_dataflow::VecCollection<'s, T, (String, String, String, i64)>
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
-    let by_space = vectors.map(|(s, id, v)| (s, (id, v)));
-    by_space
-        .clone()
-        .join_map(by_space, move |s, (a, va), (b, vb)| {
-            let cos = quantised_cos(va, vb);
-            (a < b && cos >= lo).then(|| (s.clone(), a.clone(), b.clone(), (f64::from(cos) * 1e6).round() as i64))
-        })
-        .flat_map(|pair| pair)
+    let nodes = vectors.map(|(s, id, v)| {
+        let node = crate::model::Node {
+            id: id.clone(),
+            kind: crate::model::NodeKind::Summary,
+            doc: id,
+            pos: 0,
+            text: String::new(),
+            speaker: None,
+            ts: None,
+        };
+        (s, node, event_embedding(&v))
+    });
+    crate::dataflow::similarity_edges(nodes, pair_params(lo, k, index))
+        .map(|e| (e.space, e.u, e.v, i64::from(e.weight_micro)))
 }
 
-/// Merging (CompassMem): events of one space whose vectors (of summary and people) reach cosine ≥ `tau` are linked;
-/// merged events are the connected components of those links, each named by its smallest event id. Links come from
-/// a self-join per space (a new event is compared with the space's events once); components from an iterative
-/// min-label propagation, so an insert or delete anywhere updates exactly the groups it touches. Output:
-/// `(space, event, group)` for every event (a lone event is its own group).
+/// Merging (CompassMem): events of one space linked by [`similar_pairs`] at cosine ≥ `tau` (each event's `k`
+/// nearest) are merged into groups: the connected components of the links, each named by its smallest event id,
+/// from an iterative min-label propagation, so an insert or delete anywhere updates exactly the groups it touches.
+/// Output: `(space, event, group)` for every event (a lone event is its own group).
 pub fn event_merges<'s, T>(
     vectors: differential_dataflow::VecCollection<'s, T, (String, String, Vec<i16>)>,
     tau: f32,
+    k: usize,
+    index: &crate::similarity::SimilarityParams,
 ) -> differential_dataflow::VecCollection<'s, T, (String, String, String)>
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
-    let links = similar_pairs(vectors.clone(), tau).map(|(s, a, b, _)| (s, a, b));
+    let links = similar_pairs(vectors.clone(), tau, k, index).map(|(s, a, b, _)| (s, a, b));
     merge_groups(vectors, links)
 }
 

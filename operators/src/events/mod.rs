@@ -25,7 +25,7 @@ pub use crate::llm::{EventDraft, EventIn, RelationDraft, RelationKind, TurnIn, V
 pub use crate::request::SessionAnswer;
 pub use coref::{coref_key, coreference, describe_event, Coreference};
 pub use dataflow::{event_memory, EventMemory};
-pub use merge::{event_merges, merge_groups, quantise, quantised_cos, similar_pairs};
+pub use merge::{event_embedding, event_merges, merge_groups, pair_params, quantise, quantised_cos, similar_pairs};
 pub use relations::{extractive_relations, RelationBounds};
 pub use segment::{extractive_segments, seconds, SegmentParams};
 pub use sessions::{answered_events, session_events};

@@ -108,6 +108,7 @@ pub fn memory_params(config: &Config) -> MemoryParams {
         },
         with_model: config.llm.has_model(),
         merge_threshold: ev.merge_threshold,
+        merge_neighbours: ev.merge_neighbours,
         judge_threshold: ev.judge.then_some(ev.judge_threshold),
     }
 }
