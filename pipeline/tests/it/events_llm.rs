@@ -269,8 +269,10 @@ async fn the_coreference_judge_merges_and_links_events_across_sessions_once() {
     let (calls, base, standup) = scripted().await;
     let mut env = crate::common::llm_env(&base);
     env.extend([
-        // Every pair of the 14 events is a candidate: lift the token budget so that 91 calls take no time.
+        // Every pair of the 14 events is a candidate (each keeps all others as neighbours): lift the token budget so
+        // that 91 calls take no time.
         ("ENGRAM__LLM__TOKENS_PER_MINUTE", "100000000"),
+        ("ENGRAM__EVENTS__MERGE_NEIGHBOURS", "20"),
         ("ENGRAM__EVENTS__JUDGE", "true"),
         ("ENGRAM__EVENTS__JUDGE_THRESHOLD", "0.01"),
         // Only near-identical events merge by similarity: the merges below are the judge's.
