@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bench_scale;
 mod cluster;
 mod embedders;
 mod eval;
