@@ -18,8 +18,8 @@
 //! weakest neighbour, so an insert never walks the plateau of a tie it cannot win.
 //!
 //! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every class with `cos ≥ θ/α` or above the
-//! bar the lists set — grown until the last hit falls below the bound, plus every node of the same document inside
-//! the positional window. hnsw_rs cannot delete: emptied classes are tombstoned, filtered out of searches, and the
+//! bar the lists set — grown until the last hit falls below the bound (an insert's reverse range is cut at
+//! `max_reverse_classes`, nearest first), plus every node of the same document inside the positional window. hnsw_rs cannot delete: emptied classes are tombstoned, filtered out of searches, and the
 //! index is rebuilt when tombstones outnumber the living.
 
 use std::cmp::Reverse;
@@ -69,7 +69,7 @@ impl Default for SimilarityParams {
             ef_construction: 100,
             ef_search: 64,
             exhaustive_below: 256,
-            max_reverse_classes: 256,
+            max_reverse_classes: 64,
         }
     }
 }

@@ -21,7 +21,7 @@ pub(super) fn ingest(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCo
     let memory_params = MemoryParams { with_model: false, ..crate::engine::memory_params(config) };
     let mut points = Vec::new();
     for &w in &args.workers {
-        let (secs, edges) = run_dataflow(&deltas, &memory_params, config.embedder.dim, w, args.batch)?;
+        let (secs, edges) = run_dataflow(&deltas, &memory_params, config.embedder.dim, w, args.batch, args.profile)?;
         points.push(serde_json::json!({
             "bench": "ingest", "workers": w, "chunks": chunks, "batch": args.batch, "seconds": secs,
             "chunks_per_second": chunks as f64 / secs, "edges": edges,
@@ -79,6 +79,7 @@ fn run_dataflow(
     dim: usize,
     workers: usize,
     batch: usize,
+    profile: bool,
 ) -> anyhow::Result<(f64, usize)> {
     let deltas = Arc::new(deltas.to_vec());
     let params = params.clone();
@@ -87,6 +88,7 @@ fn run_dataflow(
     let started = Instant::now();
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let edges = edges2.clone();
+        let profiler = profile.then(|| super::profile::operator_profile(worker));
         let probe = ProbeHandle::new();
         let (mut input, mut logged) = worker.dataflow::<u64, _, _>(|scope| {
             let (input, nodes) = scope.new_collection::<(String, Node), isize>();
@@ -112,6 +114,9 @@ fn run_dataflow(
         drop(input);
         drop(logged);
         while worker.step() {}
+        if let Some(p) = &profiler {
+            p.report(worker.index());
+        }
     })
     .map_err(|e| anyhow::anyhow!("timely: {e}"))?;
     for r in guards.join() {

@@ -80,7 +80,7 @@ pub struct BenchArgs {
     /// `summary-debounce` over its `epoch-interval`: 1 s / 100 ms = 10).
     #[arg(long, default_value_t = 10)]
     pub(super) debounce_epochs: u64,
-    /// hierarchy: print the busiest operators after every measured run.
+    /// hierarchy and ingest: print the busiest operators after every measured run.
     #[arg(long)]
     pub(super) profile: bool,
     /// embed: a local model directory (config.json, model.safetensors, tokenizer.json) to measure too.
