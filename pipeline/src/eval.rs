@@ -196,7 +196,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     shared.queue_records(records);
     let started = Instant::now();
     engine.start(timely::Config::thread())?;
-    settle(&shared);
+    settle(&shared, Duration::from_millis(200));
     let build_seconds = started.elapsed().as_secs_f64();
     eprintln!("ingested {turns} turns in {build_seconds:.1}s; {} questions", questions.len());
     let groupings = compare_groupings(&shared, &questions);
@@ -268,11 +268,11 @@ fn parse_modes(names: &[String]) -> anyhow::Result<Vec<Mode>> {
 
 /// Waits until the records are in and no request waits for the model (for two looks in a row). A model that keeps
 /// failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
-fn settle(shared: &Shared) {
+pub(crate) fn settle(shared: &Shared, poll: Duration) {
     let mut quiet = 0;
     let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
     loop {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(poll);
         let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of().is_some_and(|a| a >= e));
         let pending = shared.views().request_count();
         quiet = if settled && pending == 0 { quiet + 1 } else { 0 };

@@ -24,6 +24,7 @@ use super::news::News;
 use super::BenchArgs;
 use crate::config::Config;
 use crate::engine::{Engine, Place, Shared};
+use crate::eval::settle;
 use crate::query::{Mode, QueryRequest};
 
 /// The records to grow the space with, in order, and where questions come from.
@@ -63,25 +64,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Waits until everything queued is in the views and no request waits for the summariser (a minute without
-/// progress on the requests ends the wait).
-fn settle(shared: &Shared) {
-    let (mut last, mut progress) = (usize::MAX, Instant::now());
-    loop {
-        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of().is_some_and(|a| a >= e));
-        let pending = shared.views().request_count();
-        if settled && pending == 0 {
-            return;
-        }
-        if pending != last {
-            (last, progress) = (pending, Instant::now());
-        } else if settled && progress.elapsed() > Duration::from_secs(60) {
-            eprintln!("warning: {pending} requests made no progress for a minute");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+/// How often a wait looks at the views: fine enough for the rates measured.
+const POLL: Duration = Duration::from_millis(5);
 
 struct Point {
     size: usize,
@@ -143,7 +127,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             fed.extend(batch.iter().cloned());
             shared.queue_records(batch);
         }
-        settle(&shared);
+        settle(&shared, POLL);
         let seconds = started.elapsed().as_secs_f64();
         let records = fed.len() - before;
         if records == 0 {
@@ -298,7 +282,7 @@ fn freshness(
         }
         std::thread::sleep(Duration::from_micros(500));
     }
-    settle(shared);
+    settle(shared, POLL);
     ms.sort_by(f64::total_cmp);
     Ok(json!({"records": ms.len(), "p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95),
               "max": ms.last().copied().unwrap_or(0.0)}))
