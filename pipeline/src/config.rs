@@ -503,6 +503,29 @@ mod tests {
     }
 
     #[test]
+    fn scale_bounds_are_checked() {
+        let e = load(
+            Some(concat!(
+                "[similarity]\nmax-reverse-classes = 4\n",
+                "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n"
+            )),
+            &[],
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        for key in [
+            "similarity.max-reverse-classes",
+            "events.merge-neighbours",
+            "events.relation-window",
+            "events.max-relations-per-event",
+        ] {
+            assert!(msg.contains(key), "{key}: {msg}");
+        }
+        let e = load(None, &[("ENGRAM__EVENTS__RELATION_WINDOW", "many")]).unwrap_err().to_string();
+        assert!(e.contains("relation"), "{e}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let e = load(Some("[similarity]\nthetta = 0.5\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("thetta"), "{e}");

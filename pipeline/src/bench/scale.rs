@@ -89,8 +89,16 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         let mut all = Vec::new();
         for path in &args.inputs {
             let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                all.push(serde_json::from_str::<Value>(line)?);
+            // Every record is checked before the engine starts: a bad one is an error naming its line.
+            let limits = operators::Limits {
+                max_record_bytes: config.ingest.max_record_bytes,
+                max_id_bytes: config.ingest.max_id_bytes,
+            };
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let at = || format!("{}:{}", path.display(), i + 1);
+                let v: Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+                from_value(v.clone(), None, &limits).map_err(|e| anyhow::anyhow!("{}: record: {e}", at()))?;
+                all.push(v);
             }
         }
         let names: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();

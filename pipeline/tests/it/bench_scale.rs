@@ -47,3 +47,17 @@ fn scale_bench_grows_one_space_of_turns() {
     check(&ps[0], 20);
     assert!(ps[0]["events"].as_u64().unwrap() > 0, "turns make events: {}", ps[0]);
 }
+
+#[test]
+fn scale_bench_bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let out = crate::common::engram().args(["bench", "scale", "--input"]).arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.jsonl"), "{out:?}");
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"space\": \"s\", \"kind\": \"turn\"}\n").unwrap();
+    let out = crate::common::engram().args(["bench", "scale", "--sizes", "5", "--input"]).arg(&bad).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("record"), "{out:?}");
+}
