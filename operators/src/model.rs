@@ -127,4 +127,7 @@ pub struct ErrorRow {
     pub reason: String,
     /// The raw input (lossily decoded when it was not UTF-8), cut to a bounded length.
     pub raw: String,
+    /// The space it was sent to, when that is known (what an API token must reach to see it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<String>,
 }

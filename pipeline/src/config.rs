@@ -28,6 +28,7 @@ pub struct Config {
     pub llm: LlmConfig,
     pub kafka: KafkaConfig,
     pub query: QueryConfig,
+    pub auth: crate::auth::AuthConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -38,6 +39,12 @@ pub struct HttpConfig {
     pub request_timeout: Duration,
     /// Most API requests served at once.
     pub max_concurrent_requests: usize,
+    /// Longest a client may take to send a request's headers (a new connection's, or the next one on a kept-alive
+    /// connection); past it the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Most open API connections; past it new ones wait to be accepted.
+    pub max_connections: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -56,6 +63,14 @@ pub struct IngestConfig {
     pub max_rejects_listed: usize,
     /// Longest reject reason kept.
     pub max_reason_chars: usize,
+    /// Most bytes of records waiting in the ingest queue (with `epoch-max-records` × 10 records): past either, HTTP
+    /// ingest is answered 503 and the sources wait.
+    pub max_queue_bytes: usize,
+    /// Most epochs fed to the dataflow and not yet in the views: past it the queue waits (and fills, to its caps).
+    pub max_epochs_in_flight: usize,
+    /// Most spaces this process holds: a record for a new space past it is refused (HTTP 403 `space_quota`; from a
+    /// source, dead-lettered). 0: no limit.
+    pub max_spaces: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -216,6 +231,12 @@ pub struct QueryConfig {
     pub max_query_chars: usize,
     /// How many distinct topics among the top events seed `compass` with their other members.
     pub compass_topics: usize,
+    /// Largest `k` a query may ask for.
+    pub max_k: usize,
+    /// Largest `budget_words` a query may ask for.
+    pub max_budget_words: usize,
+    /// Most subgoals a question may split into without a model (each is a pass over the space).
+    pub max_subgoals: usize,
 }
 
 /// Values given on the command line; each overrides its key.
@@ -274,6 +295,9 @@ impl Config {
     /// Every semantic problem, each naming its key.
     pub fn validate(&self) -> Vec<String> {
         let mut errs = self.similarity.validate();
+        if let Err(e) = crate::auth::Access::load(&self.auth) {
+            errs.extend(e);
+        }
         errs.extend(self.hierarchy.params().validate());
         if !(self.hierarchy.summary_coverage > 0.0 && self.hierarchy.summary_coverage <= 1.0) {
             errs.push(format!("hierarchy.summary-coverage must be in (0, 1], got {}", self.hierarchy.summary_coverage));
@@ -314,6 +338,27 @@ impl Config {
         }
         if self.http.max_concurrent_requests == 0 {
             errs.push("http.max-concurrent-requests must be positive".into());
+        }
+        if self.http.header_read_timeout.is_zero() || self.http.header_read_timeout > self.http.request_timeout {
+            errs.push(format!(
+                "http.header-read-timeout = {:?} must be positive and at most http.request-timeout = {:?}",
+                self.http.header_read_timeout, self.http.request_timeout
+            ));
+        }
+        if self.http.max_connections < self.http.max_concurrent_requests {
+            errs.push(format!(
+                "http.max-connections = {} must be at least http.max-concurrent-requests = {}",
+                self.http.max_connections, self.http.max_concurrent_requests
+            ));
+        }
+        if i.max_queue_bytes < i.max_body_bytes {
+            errs.push(format!(
+                "ingest.max-queue-bytes = {} must be at least ingest.max-body-bytes = {} (one full request must fit)",
+                i.max_queue_bytes, i.max_body_bytes
+            ));
+        }
+        if i.max_epochs_in_flight == 0 {
+            errs.push("ingest.max-epochs-in-flight must be positive".into());
         }
         if self.query.max_query_chars == 0 {
             errs.push("query.max-query-chars must be positive".into());
@@ -422,6 +467,22 @@ impl Config {
         }
         if self.query.default_budget_words == 0 {
             errs.push("query.default-budget-words must be positive".into());
+        }
+        let q = &self.query;
+        if !(1..=100_000).contains(&q.max_k) || q.default_k > q.max_k {
+            errs.push(format!(
+                "query.max-k = {} must be in 1..=100000 and at least query.default-k = {}",
+                q.max_k, q.default_k
+            ));
+        }
+        if !(1..=10_000_000).contains(&q.max_budget_words) || q.default_budget_words > q.max_budget_words {
+            errs.push(format!(
+                "query.max-budget-words = {} must be in 1..=10000000 and at least query.default-budget-words = {}",
+                q.max_budget_words, q.default_budget_words
+            ));
+        }
+        if !(1..=1000).contains(&q.max_subgoals) {
+            errs.push(format!("query.max-subgoals = {} must be in 1..=1000", q.max_subgoals));
         }
         errs
     }

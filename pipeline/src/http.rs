@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -12,6 +13,7 @@ use operators::request::ModelRequest;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::auth::{Forbidden, Grant, Scope, Unauthenticated};
 use crate::engine::{IngestError, Shared};
 use crate::query::{self, QueryRequest, QueryResponse};
 use crate::service::{self, QueryError};
@@ -44,6 +46,31 @@ impl From<IngestError> for AppError {
         match e {
             IngestError::Overloaded(_) => AppError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string()),
             IngestError::Log(_) => AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "input_log", e.to_string()),
+            IngestError::SpaceQuota(_) => AppError::new(StatusCode::FORBIDDEN, "space_quota", e.to_string()),
+        }
+    }
+}
+
+impl From<Forbidden> for AppError {
+    fn from(e: Forbidden) -> Self {
+        AppError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string())
+    }
+}
+
+/// Authenticates every API request: the grant its token gives goes with it, or it is answered 401.
+async fn authenticate(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    let header = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match s.access.authenticate(header) {
+        Ok(grant) => {
+            req.extensions_mut().insert(grant);
+            next.run(req).await
+        }
+        Err(e) => {
+            s.metrics.unauthorized.inc();
+            let code = if e == Unauthenticated::Missing { "unauthorized" } else { "bad_token" };
+            let mut r = AppError::new(StatusCode::UNAUTHORIZED, code, e.to_string()).into_response();
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r
         }
     }
 }
@@ -62,7 +89,7 @@ pub fn api(shared: Arc<Shared>) -> Router {
     let limit = shared.config.ingest.max_body_bytes;
     let (timeout, concurrent) = (shared.config.http.request_timeout, shared.config.http.max_concurrent_requests);
     Router::new()
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(api_healthz))
         .route("/v1/spaces", get(spaces))
         .route("/v1/errors", get(errors))
         .route("/v1/spaces/{space}/records", post(ingest))
@@ -72,6 +99,7 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/v1/spaces/{space}/events", get(events))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
         .layer(
             tower::ServiceBuilder::new()
                 .layer(axum::error_handling::HandleErrorLayer::new(move |_: tower::BoxError| async move {
@@ -98,15 +126,25 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
     }
 }
 
+/// The API port's health: any valid token may ask (the admin port's needs none).
+async fn api_healthz(state: State<Arc<Shared>>, Extension(grant): Extension<Grant>) -> Response {
+    if !grant.has(Scope::Read) {
+        return AppError::new(StatusCode::FORBIDDEN, "forbidden", "no scope").into_response();
+    }
+    healthz(state).await
+}
+
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
 }
 
-async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+/// The spaces the token may read, with their statistics.
+async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>) -> Json<serde_json::Value> {
     let views = s.views();
     let list: Vec<_> = views
         .spaces
         .iter()
+        .filter(|(name, _)| grant.allows(Scope::Read, name))
         .map(|(name, v)| {
             json!({
                 "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
@@ -120,9 +158,26 @@ async fn spaces(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
     Json(json!({"spaces": list, "as_of": views.as_of}))
 }
 
-async fn errors(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+/// Rejected inputs (admin scope): those of the token's spaces; a token over every space also sees the ones no space
+/// could be read from. `total` counts every reject; `recent` lists the last ones the token may see.
+async fn errors(
+    State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    if !grant.has(Scope::Admin) {
+        return Err(AppError::new(StatusCode::FORBIDDEN, "forbidden", "/v1/errors needs a token with the admin scope"));
+    }
     let views = s.views();
-    Json(json!({"total": views.errors_total, "recent": views.recent_errors}))
+    let recent: Vec<_> = views
+        .recent_errors
+        .iter()
+        .filter(|e| match &e.space {
+            Some(space) => grant.allows(Scope::Admin, space),
+            None => grant.sees_unowned(),
+        })
+        .collect();
+    let total = if grant.sees_unowned() { Some(views.errors_total) } else { None };
+    Ok(Json(json!({"total": total, "recent": recent})))
 }
 
 fn check_space(space: &str) -> Result<(), AppError> {
@@ -137,8 +192,14 @@ fn check_space(space: &str) -> Result<(), AppError> {
 }
 
 /// `POST /v1/spaces/{space}/records`: a JSON array of records, or NDJSON (one record per line).
-async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: Bytes) -> Result<Response, AppError> {
+async fn ingest(
+    State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
+    Path(space): Path<String>,
+    body: Bytes,
+) -> Result<Response, AppError> {
     check_space(&space)?;
+    grant.require(Scope::Write, &space)?;
     if let Some(reason) = s.failure() {
         return Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_failed", reason));
     }
@@ -174,7 +235,7 @@ async fn ingest(State(s): State<Arc<Shared>>, Path(space): Path<String>, body: B
         return Err(AppError::bad_request("no records in the body"));
     }
     let shared = s.clone();
-    let receipt = tokio::task::spawn_blocking(move || shared.ingest_http(&space, raws))
+    let receipt = tokio::task::spawn_blocking(move || shared.ingest_http(&space, raws, grant.quota()))
         .await
         .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
     let rejected: Vec<_> = receipt.rejected.iter().map(|(i, r)| json!({"index": i, "reason": r})).collect();
@@ -272,11 +333,13 @@ async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
 
 async fn query_space(
     State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
     Path(space): Path<String>,
     Query(params): Query<AfterParam>,
     body: Bytes,
 ) -> Result<Json<QueryResponse>, AppError> {
     check_space(&space)?;
+    grant.require(Scope::Read, &space)?;
     let req: QueryRequest =
         serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid query body: {e}")))?;
     service::validate(&s, &req)?;
@@ -290,9 +353,11 @@ async fn query_space(
 
 async fn node(
     State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
     Path((space, id)): Path<(String, String)>,
     Query(params): Query<AfterParam>,
 ) -> Result<Json<serde_json::Value>, AppError> {
+    grant.require(Scope::Read, &space)?;
     wait_for(&s, params.after.as_deref()).await?;
     let views = s.views();
     let view = space_view(&views, &space)?;
@@ -366,9 +431,11 @@ fn space_view<'a>(views: &'a crate::views::Views, space: &str) -> Result<&'a cra
 /// The event memory of a space: events in (conversation, session, time) order and their relations.
 async fn events(
     State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
     Path(space): Path<String>,
     Query(params): Query<AfterParam>,
 ) -> Result<Json<serde_json::Value>, AppError> {
+    grant.require(Scope::Read, &space)?;
     wait_for(&s, params.after.as_deref()).await?;
     let views = s.views();
     let view = space_view(&views, &space)?;
@@ -391,8 +458,10 @@ async fn events(
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.
 async fn pending_summaries(
     State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
     Path(space): Path<String>,
 ) -> Result<Json<serde_json::Value>, AppError> {
+    grant.require(Scope::Read, &space)?;
     let views = s.views();
     let view = space_view(&views, &space)?;
     let pending: Vec<_> = view

@@ -1,6 +1,7 @@
 //! engram's pipeline: configuration, the engine (timely wiring and epochs), views, the HTTP API, metrics, and the
 //! bench command. The `engram` binary is a thin CLI over this library.
 
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod engine;
@@ -10,5 +11,6 @@ pub mod metrics;
 pub mod outputs;
 pub mod query;
 pub mod score;
+pub mod server;
 pub mod service;
 pub mod views;

@@ -35,6 +35,30 @@ enum Command {
     Eval(engram::eval::EvalArgs),
     /// Embed each line of stdin with the configured embedder; print one JSON array per line.
     Embed(EmbedArgs),
+    /// Make API tokens (`engram token new`) or hash one (`engram token hash`).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a new random token and the `[[auth.tokens]]` table (with its hash) that grants it.
+    New {
+        /// Who holds it.
+        #[arg(long)]
+        name: String,
+        /// read | write | admin
+        #[arg(long, default_value = "read")]
+        scope: String,
+        /// Spaces it reaches, comma-separated: names, prefixes ending in `*`, or `*` for all.
+        #[arg(long, value_delimiter = ',', required = true)]
+        spaces: Vec<String>,
+        /// The most spaces it may create (0: no limit beyond ingest.max-spaces).
+        #[arg(long = "max-spaces", default_value_t = 0)]
+        max_spaces: usize,
+    },
+    /// Read a token from stdin and print its hash (what the config keeps).
+    Hash,
 }
 
 #[derive(Args)]
@@ -149,6 +173,9 @@ struct QueryArgs {
     /// Wait until the memory includes this ingest receipt.
     #[arg(long)]
     after: Option<String>,
+    /// API token, sent as `Authorization: Bearer TOKEN`.
+    #[arg(long, env = "ENGRAM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// The question.
     question: String,
 }
@@ -167,6 +194,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Eval(args) => engram::eval::run(args),
         Command::Embed(args) => embed(args),
+        Command::Token(cmd) => token(cmd),
     };
     match result {
         Ok(code) => code,
@@ -203,6 +231,20 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     );
     let place = Place { process: args.timely.process, processes: args.timely.processes };
     let serving = place.leads();
+    if serving {
+        let access = engram::auth::Access::load(&config.auth).unwrap_or_default();
+        if let Err(e) = engram::auth::check_listen(config.listen, &access, &config.auth) {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        if access.enabled() {
+            tracing::info!(tokens = access.len(), "the API needs a token (Authorization: Bearer)");
+        } else if config.listen.ip().is_loopback() {
+            tracing::warn!(listen = %config.listen, "no API token is configured: the API is open, on loopback only");
+        } else {
+            tracing::warn!(listen = %config.listen, "no API token is configured and auth.allow-unauthenticated is set: anyone who reaches the port can read, write and delete every space");
+        }
+    }
     // Every process keeps its own input log and dead-letter file (process p > 0 under DATA_DIR/process-p).
     let mut engine = Engine::open(config, place)?;
     let shared = engine.shared().clone();
@@ -271,22 +313,18 @@ async fn serve(
 ) {
     let (api_app, admin_app) = (http::api(shared.clone()), http::admin(shared.clone()));
     let shared_for_failure = shared.clone();
+    let limits = engram::server::ConnLimits {
+        header_read_timeout: shared.config.http.header_read_timeout,
+        max_connections: shared.config.http.max_connections,
+    };
     let (tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let (mut rx1, mut rx2) = (tx.subscribe(), tx.subscribe());
-    let a = tokio::spawn(async move {
-        axum::serve(api, api_app)
-            .with_graceful_shutdown(async move {
-                let _ = rx1.recv().await;
-            })
-            .await
-    });
-    let b = tokio::spawn(async move {
-        axum::serve(admin, admin_app)
-            .with_graceful_shutdown(async move {
-                let _ = rx2.recv().await;
-            })
-            .await
-    });
+    let a = tokio::spawn(engram::server::serve(api, api_app, limits, async move {
+        let _ = rx1.recv().await;
+    }));
+    let b = tokio::spawn(engram::server::serve(admin, admin_app, limits, async move {
+        let _ = rx2.recv().await;
+    }));
     let after_asks = async move {
         if !answer_asks(shared, asks.asks, asks.mode, asks.once).await {
             std::future::pending::<()>().await;
@@ -411,9 +449,11 @@ fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         let body = serde_json::json!({
             "query": args.question, "mode": args.mode, "budget_words": args.budget_words, "k": args.k,
         });
-        let resp = reqwest::Client::new()
-            .post(&url)
-            .json(&body)
+        let mut request = reqwest::Client::new().post(&url).json(&body);
+        if let Some(t) = &args.token {
+            request = request.bearer_auth(t);
+        }
+        let resp = request
             .send()
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach {url}: {e}"))?;
@@ -425,6 +465,41 @@ fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         println!("{pretty}");
         Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
     })
+}
+
+fn token(cmd: TokenCommand) -> anyhow::Result<ExitCode> {
+    use engram::auth::{hash_token, new_token, Access, AuthConfig, Scope, TokenConfig};
+    match cmd {
+        TokenCommand::New { name, scope, spaces, max_spaces } => {
+            let scope: Scope = serde_json::from_value(serde_json::json!(scope))
+                .map_err(|_| anyhow::anyhow!("--scope {scope:?}: expected read, write or admin"))?;
+            let token = new_token();
+            let config = TokenConfig { name, hash: hash_token(&token), scope, spaces, max_spaces };
+            // The same checks as at start, so that what is printed loads.
+            let auth = AuthConfig { tokens: vec![config.clone()], ..Default::default() };
+            Access::load(&auth).map_err(|e| anyhow::anyhow!("{}", e.join("; ")))?;
+            let spaces: Vec<String> = config.spaces.iter().map(|s| format!("{s:?}")).collect();
+            eprintln!("The token (give it to its holder; engram keeps only its hash):");
+            println!("{token}");
+            eprintln!("\nAdd to the config file (or, without the `auth.` prefix, to auth.tokens-file):\n");
+            eprintln!("[[auth.tokens]]");
+            eprintln!("name = {:?}", config.name);
+            eprintln!("hash = \"{}\"", config.hash);
+            eprintln!("scope = \"{}\"", config.scope.as_str());
+            eprintln!("spaces = [{}]", spaces.join(", "));
+            if max_spaces > 0 {
+                eprintln!("max-spaces = {max_spaces}");
+            }
+        }
+        TokenCommand::Hash => {
+            let mut token = String::new();
+            std::io::stdin().read_line(&mut token)?;
+            let token = token.trim();
+            anyhow::ensure!(!token.is_empty(), "no token on stdin");
+            println!("{}", hash_token(token));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn embed(args: EmbedArgs) -> anyhow::Result<ExitCode> {

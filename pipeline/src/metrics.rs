@@ -29,6 +29,8 @@ pub struct Metrics {
     #[cfg(feature = "kafka")]
     pub kafka: connectors::kafka::KafkaMetrics,
     pub input_log_fsync: Histogram,
+    /// API requests refused for a missing, malformed or unknown token.
+    pub unauthorized: IntCounter,
 }
 
 impl Metrics {
@@ -74,6 +76,11 @@ impl Metrics {
                 .buckets(prometheus::exponential_buckets(0.0001, 3.0, 10).expect("buckets")),
         )
         .expect("metric");
+        let unauthorized = IntCounter::new(
+            "engram_api_unauthorized_total",
+            "API requests refused 401: no token, a malformed Authorization header, or an unknown token",
+        )
+        .expect("metric");
         let clusters =
             IntGauge::new("engram_clusters", "Clusters (nodes of layers 1 and above), all spaces").expect("metric");
         let summary_backlog =
@@ -105,6 +112,7 @@ impl Metrics {
             Box::new(spaces.clone()),
             Box::new(query_duration.clone()),
             Box::new(input_log_fsync.clone()),
+            Box::new(unauthorized.clone()),
         ] {
             registry.register(m).expect("register metric");
         }
@@ -121,6 +129,7 @@ impl Metrics {
             spaces,
             query_duration,
             input_log_fsync,
+            unauthorized,
             clusters,
             summary_backlog,
             summaries_reused,

@@ -45,11 +45,22 @@ pub fn validate(s: &Shared, req: &QueryRequest) -> Result<(), QueryError> {
     }
     let k = req.k.unwrap_or(s.config.query.default_k);
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
-    if !(1..=1000).contains(&k) {
-        return Err(QueryError::BadRequest(format!("`k` = {k} must be in 1..=1000")));
+    let q = &s.config.query;
+    if !(1..=q.max_k).contains(&k) {
+        return Err(QueryError::BadRequest(format!("`k` = {k} must be in 1..=query.max-k = {}", q.max_k)));
     }
-    if !(1..=100_000).contains(&budget) {
-        return Err(QueryError::BadRequest(format!("`budget_words` = {budget} must be in 1..=100000")));
+    if !(1..=q.max_budget_words).contains(&budget) {
+        return Err(QueryError::BadRequest(format!(
+            "`budget_words` = {budget} must be in 1..=query.max-budget-words = {}",
+            q.max_budget_words
+        )));
+    }
+    let subgoals = query::plan(&req.query).len();
+    if subgoals > q.max_subgoals {
+        return Err(QueryError::BadRequest(format!(
+            "`query` splits into {subgoals} subgoals, more than query.max-subgoals = {}",
+            q.max_subgoals
+        )));
     }
     Ok(())
 }

@@ -67,6 +67,9 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
                 if a > as_of {
                     as_of = a;
                     shared.as_of.send_replace(a);
+                    if let Some(a) = a {
+                        shared.advanced(a);
+                    }
                 }
             }
         }

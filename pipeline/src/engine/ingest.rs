@@ -17,6 +17,8 @@ pub enum IngestError {
     Overloaded(usize),
     #[error("could not append to the input log: {0}")]
     Log(#[from] std::io::Error),
+    #[error("{0}")]
+    SpaceQuota(String),
 }
 
 /// What an HTTP ingest returns.
@@ -34,16 +36,41 @@ impl Shared {
         self.config.ingest.epoch_max_records * 10
     }
 
+    /// Takes `space` into this process's spaces, unless it is new and a quota is reached: `ingest.max-spaces`, or
+    /// the `max-spaces` of the token that sends it.
+    pub fn admit_space(&self, space: &str, token: Option<&crate::auth::Token>) -> Result<(), String> {
+        let mut spaces = self.spaces.lock().expect("spaces lock");
+        if spaces.contains(space) {
+            return Ok(());
+        }
+        let max = self.config.ingest.max_spaces;
+        if max > 0 && spaces.len() >= max {
+            return Err(format!("space `{space}` would be one more than ingest.max-spaces = {max}"));
+        }
+        if let Some(t) = token.filter(|t| t.max_spaces > 0) {
+            if spaces.iter().filter(|s| t.reaches(s)).count() >= t.max_spaces {
+                return Err(format!(
+                    "space `{space}` would be one more than token `{}`'s max-spaces = {}",
+                    t.name, t.max_spaces
+                ));
+            }
+        }
+        spaces.insert(space.to_string());
+        Ok(())
+    }
+
     /// HTTP ingest: validates every record, appends the valid ones to the input log (fsync'd) and queues them.
     /// The receipt names the epoch that will hold them; it is returned only after the log append.
     pub fn ingest_http(
         &self,
         space: &str,
         raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>>,
+        token: Option<&crate::auth::Token>,
     ) -> Result<Receipt, IngestError> {
         let mut accepted = Vec::new();
         let mut rejects = Vec::new();
         let mut rejected = Vec::new();
+        let mut bytes_in = 0;
         let listed = self.config.ingest.max_rejects_listed;
         for (i, raw) in raws.into_iter().enumerate() {
             let source = format!("http:{space}:{i}");
@@ -58,6 +85,7 @@ impl Shared {
                     };
                     match checked {
                         Ok(rec) => {
+                            bytes_in += size;
                             accepted.push((rec, value));
                             continue;
                         }
@@ -66,17 +94,23 @@ impl Shared {
                 }
                 Err((bytes, reason)) => (reason, bytes),
             };
-            let row = self.reject("http", &source, &reason, &bytes);
+            let row = self.reject("http", &source, Some(space), &reason, &bytes);
             if rejected.len() < listed {
                 rejected.push((i, row.reason.clone()));
             }
             rejects.push(row);
         }
         let rejected_total = rejects.len();
+        if !accepted.is_empty() {
+            self.admit_space(space, token).map_err(IngestError::SpaceQuota)?;
+        }
         let mut q = self.queue.lock().expect("queue lock");
-        if q.items.len() + accepted.len() > self.queue_cap() && !accepted.is_empty() {
+        let over = q.items.len() + accepted.len() > self.queue_cap()
+            || q.bytes + bytes_in > self.config.ingest.max_queue_bytes;
+        if over && !accepted.is_empty() {
             return Err(IngestError::Overloaded(q.items.len()));
         }
+        q.bytes += bytes_in;
         let logged: Vec<LoggedRecord> = accepted
             .iter()
             .map(|(_, v)| {
@@ -136,11 +170,17 @@ impl Shared {
         }
         let mut items = Vec::with_capacity(n);
         let mut logged = Vec::with_capacity(n + 1);
+        let mut bytes_in = 0;
         for r in records {
             let parsed = parse_json(&r.payload, &self.limits)
                 .and_then(|value| Ok((from_value(value.clone(), r.space.as_deref(), &self.limits)?, value)));
+            let parsed = parsed.map_err(|e| e.to_string()).and_then(|(rec, value)| {
+                self.admit_space(rec.space(), None)?;
+                Ok((rec, value))
+            });
             match parsed {
                 Ok((rec, value)) => {
+                    bytes_in += r.payload.len();
                     logged.push(LoggedRecord {
                         epoch: 0,
                         space: rec.space().to_string(),
@@ -151,7 +191,8 @@ impl Shared {
                     items.push(Item::Record(rec));
                 }
                 Err(e) => {
-                    items.push(Item::Reject(self.reject(kind, &r.position.to_string(), &e.to_string(), &r.payload)))
+                    let source = r.position.to_string();
+                    items.push(Item::Reject(self.reject(kind, &source, r.space.as_deref(), &e, &r.payload)))
                 }
             }
         }
@@ -173,6 +214,7 @@ impl Shared {
         items.extend(last.values().map(|p| Item::Position(p.source.clone(), p.offset)));
         let mut q = self.queue.lock().expect("queue lock");
         let epoch = self.log_and_queue(&mut q, logged, items)?;
+        q.bytes += bytes_in;
         Ok((epoch, last.into_values().collect()))
     }
 
@@ -192,9 +234,14 @@ impl Shared {
         if !due || q.items.is_empty() {
             return None;
         }
+        if !force && self.in_flight() >= self.config.ingest.max_epochs_in_flight {
+            // The dataflow is behind: the queue waits (and fills to its caps) rather than the dataflow's buffers.
+            return None;
+        }
         let epoch = q.open_epoch;
         q.open_epoch = (epoch + 1).max(clock);
         q.opened = None;
+        q.bytes = 0;
         Some((epoch, std::mem::take(&mut q.items), q.open_epoch))
     }
 
@@ -219,7 +266,12 @@ impl Shared {
         q.items.is_empty()
     }
 
-    /// Called by the view sink when the views reflect every epoch up to `as_of`.
+    /// Epochs fed to the dataflow and not yet reflected.
+    fn in_flight(&self) -> usize {
+        self.closed.lock().expect("closed lock").len()
+    }
+
+    /// Called when the views (on process 0; elsewhere, the dataflow's output) reflect every epoch up to `as_of`.
     pub(super) fn advanced(&self, as_of: u64) {
         let mut closed = self.closed.lock().expect("closed lock");
         while closed.front().is_some_and(|(e, _)| *e <= as_of) {
@@ -264,7 +316,8 @@ impl Shared {
 
     /// Whether the queue is at its cap (a source backs off).
     pub(super) fn queue_full(&self) -> bool {
-        self.queue.lock().expect("queue lock").items.len() >= self.queue_cap()
+        let q = self.queue.lock().expect("queue lock");
+        q.items.len() >= self.queue_cap() || q.bytes >= self.config.ingest.max_queue_bytes
     }
 
     /// A source started (`+1`) or finished (`-1`) reading.

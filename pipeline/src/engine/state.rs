@@ -59,6 +59,8 @@ pub(super) struct Queue {
     pub(super) opened: Option<Instant>,
     /// Sources still reading.
     pub(super) live_sources: usize,
+    /// Bytes of the records in `items` (as received).
+    pub(super) bytes: usize,
 }
 
 /// The engine's state. Read from anywhere; changed only through its methods (the engine's own modules).
@@ -94,6 +96,10 @@ pub struct Shared {
     pub(super) answers: Mutex<HashMap<(String, String), String>>,
     /// Cluster summaries made so far (seeded from the response log): what a grown cluster can reuse.
     pub(super) summary_cache: Mutex<SummaryCache>,
+    /// Every space this process has taken a record for (what `ingest.max-spaces` counts).
+    pub(super) spaces: Mutex<HashSet<String>>,
+    /// The API tokens.
+    pub access: crate::auth::Access,
 }
 
 impl Shared {
@@ -142,6 +148,10 @@ impl Shared {
         let limits = config.limits();
         let (as_of, _) = watch::channel(None);
         let (mut items, max_epoch, resume) = replay_records(&replay.records, &limits);
+        let spaces: HashSet<String> =
+            replay.records.iter().filter(|r| !r.record.is_null()).map(|r| r.space.clone()).collect();
+        let access = crate::auth::Access::load(&config.auth)
+            .map_err(|e| anyhow::anyhow!("invalid configuration: {}", e.join("; ")))?;
         if !items.is_empty() {
             metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
             tracing::info!(records = items.len(), "replaying the input log");
@@ -165,7 +175,9 @@ impl Shared {
         Ok(Arc::new(Shared {
             embedder,
             limits,
-            queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0 }),
+            queue: Mutex::new(Queue { open_epoch, items, opened, live_sources: 0, bytes: 0 }),
+            spaces: Mutex::new(spaces),
+            access,
             resume,
             views: RwLock::new(Views::default()),
             as_of,
@@ -187,7 +199,7 @@ impl Shared {
     }
 
     /// Records a reject: the dead-letter line, the metric, and the error row for the dataflow.
-    pub fn reject(&self, kind: &str, source: &str, reason: &str, raw: &[u8]) -> ErrorRow {
+    pub fn reject(&self, kind: &str, source: &str, space: Option<&str>, reason: &str, raw: &[u8]) -> ErrorRow {
         let reason = &cut(reason, self.config.ingest.max_reason_chars);
         if let Err(e) = self.dead_letter.lock().expect("dead letter lock").write(source, reason, raw) {
             tracing::error!(error = %e, source, reason, "could not write the dead-letter file");
@@ -198,6 +210,7 @@ impl Shared {
             source: source.to_string(),
             reason: reason.to_string(),
             raw: String::from_utf8_lossy(raw).chars().take(ERROR_RAW_CHARS).collect(),
+            space: space.map(str::to_string),
         }
     }
 
@@ -265,6 +278,7 @@ fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<Item>, Opti
                 source: "replay".into(),
                 reason: e.to_string(),
                 raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
+                space: (!r.space.is_empty()).then(|| r.space.clone()),
             })),
         }
     }
