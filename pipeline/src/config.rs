@@ -339,15 +339,12 @@ impl Config {
         if self.http.max_concurrent_requests == 0 {
             errs.push("http.max-concurrent-requests must be positive".into());
         }
-        if self.http.header_read_timeout.is_zero() || self.http.header_read_timeout > self.http.request_timeout {
-            errs.push(format!(
-                "http.header-read-timeout = {:?} must be positive and at most http.request-timeout = {:?}",
-                self.http.header_read_timeout, self.http.request_timeout
-            ));
+        if self.http.header_read_timeout.is_zero() {
+            errs.push("http.header-read-timeout must be positive".into());
         }
-        if self.http.max_connections < self.http.max_concurrent_requests {
+        if self.http.max_connections == 0 || self.http.max_connections < self.http.max_concurrent_requests {
             errs.push(format!(
-                "http.max-connections = {} must be at least http.max-concurrent-requests = {}",
+                "http.max-connections = {} must be positive and at least http.max-concurrent-requests = {}",
                 self.http.max_connections, self.http.max_concurrent_requests
             ));
         }
@@ -542,9 +539,11 @@ mod tests {
     fn request_bounds_are_checked() {
         let e = load(
             Some(concat!(
-                "[http]\nrequest-timeout = \"10s\"\nmax-concurrent-requests = 0\n",
-                "[ingest]\nmax-records-per-request = 0\nmax-reason-chars = 3\n",
-                "[query]\nmax-query-chars = 0\n"
+                "[http]\nrequest-timeout = \"10s\"\nmax-concurrent-requests = 0\nheader-read-timeout = \"0s\"\n",
+                "max-connections = 0\n",
+                "[ingest]\nmax-records-per-request = 0\nmax-reason-chars = 3\nmax-queue-bytes = 10\n",
+                "max-epochs-in-flight = 0\n",
+                "[query]\nmax-query-chars = 0\nmax-k = 0\nmax-budget-words = 0\nmax-subgoals = 0\n"
             )),
             &[],
         )
@@ -556,6 +555,13 @@ mod tests {
             "ingest.max-records-per-request",
             "ingest.max-reason-chars",
             "query.max-query-chars",
+            "http.header-read-timeout",
+            "http.max-connections",
+            "ingest.max-queue-bytes",
+            "ingest.max-epochs-in-flight",
+            "query.max-k",
+            "query.max-budget-words",
+            "query.max-subgoals",
         ] {
             assert!(msg.contains(key), "{key}: {msg}");
         }
@@ -584,6 +590,22 @@ mod tests {
         }
         let e = load(None, &[("ENGRAM__EVENTS__RELATION_WINDOW", "many")]).unwrap_err().to_string();
         assert!(e.contains("relation"), "{e}");
+    }
+
+    #[test]
+    fn tokens_are_checked_with_the_config() {
+        let hash = crate::auth::hash_token("t");
+        let ok = format!("[[auth.tokens]]\nname = \"desk\"\nhash = \"{hash}\"\nscope = \"write\"\nspaces = [\"news\"]\n");
+        let c = load(Some(&ok), &[]).unwrap();
+        assert_eq!(c.auth.tokens.len(), 1);
+        let e = load(Some(&ok.replace("write", "owner")), &[]).unwrap_err().to_string();
+        assert!(e.contains("owner"), "{e}");
+        let e = load(Some(&ok.replace(&hash, "t")), &[]).unwrap_err().to_string();
+        assert!(e.contains("auth token `desk`") && e.contains("64 hex digits"), "{e}");
+        let e = load(None, &[("ENGRAM__AUTH__TOKENS_FILE", "/nonexistent/tokens.toml")]).unwrap_err().to_string();
+        assert!(e.contains("auth.tokens-file") && e.contains("cannot read it"), "{e}");
+        let c = load(None, &[("ENGRAM__AUTH__ALLOW_UNAUTHENTICATED", "true")]).unwrap();
+        assert!(c.auth.allow_unauthenticated);
     }
 
     #[test]

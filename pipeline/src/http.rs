@@ -304,6 +304,13 @@ async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let mut rx = s.watch_as_of();
     let (reached, what) = match after.trim().parse::<u64>() {
         Ok(epoch) => {
+            if !s.receipt_issued(epoch) {
+                return Err(AppError::new(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_receipt",
+                    format!("receipt {epoch} was never handed out (ingest returns receipts)"),
+                ));
+            }
             let reached =
                 tokio::time::timeout(wait, rx.wait_for(|a| a.is_some_and(|a| a >= epoch))).await.map(|r| r.is_ok());
             (reached, format!("receipt {epoch}"))

@@ -240,7 +240,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         if access.enabled() {
             tracing::info!(tokens = access.len(), "the API needs a token (Authorization: Bearer)");
         } else if config.listen.ip().is_loopback() {
-            tracing::warn!(listen = %config.listen, "no API token is configured: the API is open, on loopback only");
+            tracing::info!(listen = %config.listen, "no API token is configured: the API is open, on loopback only");
         } else {
             tracing::warn!(listen = %config.listen, "no API token is configured and auth.allow-unauthenticated is set: anyone who reaches the port can read, write and delete every space");
         }

@@ -51,6 +51,8 @@ pub async fn serve(listener: TcpListener, app: axum::Router, limits: ConnLimits,
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
+                // A client that shuts its write side after its request still gets the reply.
+                .half_close(true)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             let stopping = async move {

@@ -288,6 +288,11 @@ impl Shared {
         self.metrics.frontier_lag_seconds.set(closed.front().map_or(0.0, |(_, t)| t.elapsed().as_secs_f64()));
     }
 
+    /// Whether `epoch` can be a receipt: no later than the epoch now open (a later one was never handed out).
+    pub fn receipt_issued(&self, epoch: u64) -> bool {
+        epoch <= self.open_epoch()
+    }
+
     /// The epoch that queued records will be fed at.
     pub(super) fn open_epoch(&self) -> u64 {
         self.queue.lock().expect("queue lock").open_epoch

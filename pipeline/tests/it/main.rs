@@ -3,6 +3,7 @@
 
 mod common;
 
+mod access;
 mod bench_scale;
 mod cluster;
 mod embedders;
@@ -10,6 +11,7 @@ mod eval;
 mod events;
 mod events_llm;
 mod hierarchy;
+mod hostile;
 mod http_api;
 mod kafka;
 mod llm;

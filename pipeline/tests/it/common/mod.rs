@@ -126,3 +126,39 @@ pub fn llm_env(base: &str) -> Vec<(&'static str, &str)> {
         ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
     ]
 }
+
+/// A request with an optional bearer token; the status and the JSON body.
+pub async fn send(
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> (u16, serde_json::Value) {
+    let mut r = client().request(method, url);
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        r = r.body(b);
+    }
+    let r = r.send().await.expect("request");
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON ({status}): {text}")))
+}
+
+/// Writes an `auth.tokens-file` granting `tokens` (name, token, scope, spaces, max-spaces) and returns its path.
+pub fn tokens_file(dir: &Path, tokens: &[(&str, &str, &str, &[&str], usize)]) -> PathBuf {
+    let mut text = String::new();
+    for (name, token, scope, spaces, max_spaces) in tokens {
+        let hash = blake3::hash(token.as_bytes()).to_hex();
+        let spaces: Vec<String> = spaces.iter().map(|s| format!("{s:?}")).collect();
+        text.push_str(&format!(
+            "[[tokens]]\nname = {name:?}\nhash = \"{hash}\"\nscope = {scope:?}\nspaces = [{}]\nmax-spaces = {max_spaces}\n\n",
+            spaces.join(", ")
+        ));
+    }
+    let path = dir.join("tokens.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
