@@ -224,7 +224,9 @@ impl Access {
                 let body = p.strip_suffix('*').unwrap_or(p);
                 let ok = body.len() <= 128 && body.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
                 if !ok || p.is_empty() {
-                    errors.push(format!("{what}: space pattern `{p}` is not a space name, a prefix ending in `*`, or `*`"));
+                    errors.push(format!(
+                        "{what}: space pattern `{p}` is not a space name, a prefix ending in `*`, or `*`"
+                    ));
                 }
             }
             tokens.push(std::sync::Arc::new(Token {

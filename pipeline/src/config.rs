@@ -595,7 +595,8 @@ mod tests {
     #[test]
     fn tokens_are_checked_with_the_config() {
         let hash = crate::auth::hash_token("t");
-        let ok = format!("[[auth.tokens]]\nname = \"desk\"\nhash = \"{hash}\"\nscope = \"write\"\nspaces = [\"news\"]\n");
+        let ok =
+            format!("[[auth.tokens]]\nname = \"desk\"\nhash = \"{hash}\"\nscope = \"write\"\nspaces = [\"news\"]\n");
         let c = load(Some(&ok), &[]).unwrap();
         assert_eq!(c.auth.tokens.len(), 1);
         let e = load(Some(&ok.replace("write", "owner")), &[]).unwrap_err().to_string();

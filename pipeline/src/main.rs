@@ -453,10 +453,7 @@ fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         if let Some(t) = &args.token {
             request = request.bearer_auth(t);
         }
-        let resp = request
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {url}: {e}"))?;
+        let resp = request.send().await.map_err(|e| anyhow::anyhow!("cannot reach {url}: {e}"))?;
         let status = resp.status();
         let text = resp.text().await?;
         let pretty = serde_json::from_str::<serde_json::Value>(&text)

@@ -47,7 +47,16 @@ fn spawn_model_thread(i: usize, shared: Arc<Shared>, jobs: Arc<Mutex<Receiver<Jo
             let job = jobs.lock().expect("job lock").recv();
             let Ok((key, request, covers)) = job else { return };
             let t = Instant::now();
-            let out = request.ask(shared.llm.as_ref(), &key.1);
+            // A reply that makes the client panic must not leave its request in flight for ever, silently: the
+            // engine fails loudly (`/healthz` 503, exit 1), as when a worker dies.
+            let ask = std::panic::AssertUnwindSafe(|| request.ask(shared.llm.as_ref(), &key.1));
+            let out = match std::panic::catch_unwind(ask) {
+                Ok(out) => out,
+                Err(panic) => {
+                    shared.fail(format!("model thread {i} died: {}", super::panic_message(&panic)));
+                    return;
+                }
+            };
             if done.send((key, request.kind(), out, t.elapsed(), covers)).is_err() {
                 return;
             }

@@ -203,7 +203,8 @@ fn a_non_loopback_listen_without_tokens_is_refused() {
 /// `engram token new` prints a token and a table that, added to the config, lets that token in.
 #[tokio::test]
 async fn a_token_made_by_the_cli_is_accepted() {
-    let out = engram().args(["token", "new", "--name", "desk", "--scope", "write", "--spaces", "news"]).output().unwrap();
+    let out =
+        engram().args(["token", "new", "--name", "desk", "--scope", "write", "--spaces", "news"]).output().unwrap();
     assert!(out.status.success());
     let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let stanza = String::from_utf8(out.stderr).unwrap();
@@ -217,7 +218,12 @@ async fn a_token_made_by_the_cli_is_accepted() {
     assert_eq!(status, 200, "{r}");
     let (status, _) = send(Method::POST, &url, None, Some(chunk("d", 1, "hello"))).await;
     assert_eq!(status, 401);
-    let mut hash = engram().args(["token", "hash"]).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut hash = engram()
+        .args(["token", "hash"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     use std::io::Write;
     hash.stdin.take().unwrap().write_all(format!("{token}\n").as_bytes()).unwrap();
     let printed = String::from_utf8(hash.wait_with_output().unwrap().stdout).unwrap();

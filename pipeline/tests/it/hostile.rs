@@ -127,7 +127,8 @@ async fn query_bounds_are_config_keys() {
 /// Peak resident memory of a process, in bytes (Linux).
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let kb: u64 =
+        status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     kb * 1024
 }
 
@@ -207,7 +208,8 @@ async fn a_stalled_model_endpoint_stalls_no_reader() {
         assert!(t.elapsed() < Duration::from_secs(2), "reads waited on the model: {:?}", t.elapsed());
     }
     // New records are still taken and reflected.
-    let (status, r) = post(&format!("{}/v1/spaces/news/records", engine.api), chunk("late", 0, "a late storm report")).await;
+    let (status, r) =
+        post(&format!("{}/v1/spaces/news/records", engine.api), chunk("late", 0, "a late storm report")).await;
     assert_eq!(status, 200, "{r}");
     let url = format!("{}/v1/spaces/news/nodes/late%230?after={}", engine.api, r["receipt"].as_str().unwrap());
     let (status, n) = get(&url).await;
@@ -270,7 +272,8 @@ mod fuzz {
             any::<i64>().prop_map(serde_json::Value::from),
             any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(serde_json::Value::from),
             "\\PC{0,30}".prop_map(serde_json::Value::from),
-            prop_oneof![Just("chunk"), Just("turn"), Just("delete"), Just("document")].prop_map(serde_json::Value::from),
+            prop_oneof![Just("chunk"), Just("turn"), Just("delete"), Just("document")]
+                .prop_map(serde_json::Value::from),
         ];
         leaf.prop_recursive(4, 32, 6, |inner| {
             prop_oneof![
@@ -298,8 +301,12 @@ mod fuzz {
     fn body() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             json_value().prop_map(|v| v.to_string().into_bytes()),
-            prop::collection::vec(json_value(), 0..8)
-                .prop_map(|v| v.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("\n").into_bytes()),
+            prop::collection::vec(json_value(), 0..8).prop_map(|v| v
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+                .into_bytes()),
             prop::collection::vec(any::<u8>(), 0..400),
             "\\PC{0,200}".prop_map(String::into_bytes),
             (0usize..20_000).prop_map(|n| format!("{}{}", "[".repeat(n), "]".repeat(n / 2)).into_bytes()),
@@ -390,7 +397,11 @@ mod fuzz {
         eprintln!("fuzz: {cases} requests, statuses {statuses:?}");
         let answered: usize = statuses.iter().filter(|(s, _)| s.is_some()).map(|(_, n)| n).sum();
         assert!(answered * 10 >= cases as usize * 9, "most requests are answered: {statuses:?}");
-        let health = exchange(&addr, format!("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").as_bytes());
+        let health = exchange(
+            &addr,
+            format!("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\n\r\n")
+                .as_bytes(),
+        );
         assert_eq!(health, Some(200));
         let mut engine = engine;
         assert!(engine.child.try_wait().unwrap().is_none(), "the engine is still running");
