@@ -26,7 +26,11 @@ impl DeadLetter {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
+        let existed = path.exists();
         let f = OpenOptions::new().create(true).append(true).open(path)?;
+        if !existed {
+            crate::input_log::sync_parent(path)?;
+        }
         Ok(DeadLetter { path: path.to_path_buf(), out: BufWriter::new(f) })
     }
 
@@ -34,7 +38,7 @@ impl DeadLetter {
         &self.path
     }
 
-    /// Appends one reject and flushes it to the OS (a reject is rare; losing one to a crash is not acceptable).
+    /// Appends one reject and flushes it to the OS; [`DeadLetter::sync`] makes a batch of them durable.
     pub fn write(&mut self, source: &str, reason: &str, raw: &[u8]) -> std::io::Result<()> {
         let (raw, raw_utf8) = match std::str::from_utf8(raw) {
             Ok(s) => (std::borrow::Cow::Borrowed(s), true),
@@ -46,6 +50,12 @@ impl DeadLetter {
         serde_json::to_writer(&mut self.out, &line)?;
         self.out.write_all(b"\n")?;
         self.out.flush()
+    }
+
+    /// Fsyncs what was written: called once per batch of rejects, before the batch is acknowledged.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_data()
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
@@ -45,7 +45,9 @@ impl From<IngestError> for AppError {
     fn from(e: IngestError) -> Self {
         match e {
             IngestError::Overloaded(_) => AppError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", e.to_string()),
-            IngestError::Log(_) => AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "input_log", e.to_string()),
+            IngestError::Log(_) => {
+                AppError::new(StatusCode::SERVICE_UNAVAILABLE, "input_log", format!("{e}; nothing was taken, retry"))
+            }
             IngestError::SpaceQuota(_) => AppError::new(StatusCode::FORBIDDEN, "space_quota", e.to_string()),
         }
     }
@@ -196,10 +198,12 @@ async fn ingest(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
     Path(space): Path<String>,
-    body: Bytes,
+    headers: axum::http::HeaderMap,
+    body: Body,
 ) -> Result<Response, AppError> {
     check_space(&space)?;
     grant.require(Scope::Write, &space)?;
+    let body = read_body(body, &headers, s.config.ingest.max_body_bytes).await?;
     if let Some(reason) = s.failure() {
         return Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_failed", reason));
     }
@@ -246,6 +250,35 @@ async fn ingest(
         "rejected_total": receipt.rejected_total,
     }))
     .into_response())
+}
+
+/// Reads a body of at most `limit` bytes into one buffer sized from its `Content-Length` up front, so that a large
+/// body takes its own size in memory once (collecting chunks and then joining them takes twice).
+async fn read_body(body: Body, headers: &axum::http::HeaderMap, limit: usize) -> Result<Vec<u8>, AppError> {
+    use http_body_util::BodyExt;
+    let too_large = || {
+        AppError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than ingest.max-body-bytes = {limit}"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| AppError::bad_request(format!("could not read the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf)
 }
 
 /// How a capped array says it was cut (the start of its error message).

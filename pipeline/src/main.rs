@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
-use connectors::{FileSource, StdinSource};
+use connectors::{FileSource, InputLog, ResponseLog, StdinSource};
 
 use engram::config::{Config, Overrides};
 use engram::engine::{Engine, Place, Shared};
@@ -38,6 +38,20 @@ enum Command {
     /// Make API tokens (`engram token new`) or hash one (`engram token hash`).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Check the data directory's logs line by line (`engram log check`), or move their bad lines aside
+    /// (`engram log repair`).
+    Log(LogArgs),
+}
+
+#[derive(Args)]
+struct LogArgs {
+    /// check | repair
+    action: String,
+    /// The data directory (default: the config's `data-dir`); its `process-N` directories are included.
+    #[arg(long = "data-dir")]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -195,6 +209,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => engram::eval::run(args),
         Command::Embed(args) => embed(args),
         Command::Token(cmd) => token(cmd),
+        Command::Log(args) => log(args),
     };
     match result {
         Ok(code) => code,
@@ -462,6 +477,63 @@ fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         println!("{pretty}");
         Ok(if status.is_success() { ExitCode::SUCCESS } else { ExitCode::from(1) })
     })
+}
+
+fn log(args: LogArgs) -> anyhow::Result<ExitCode> {
+    use connectors::embedders::EmbeddingLog;
+    use connectors::input_log::Check;
+    let repair = match args.action.as_str() {
+        "check" => false,
+        "repair" => true,
+        other => anyhow::bail!("engram log {other:?}: expected check or repair"),
+    };
+    let overrides = Overrides { data_dir: args.data_dir.clone(), ..Overrides::default() };
+    let config = Config::load(args.config.as_deref(), std::env::vars(), &overrides)?;
+    let mut dirs = vec![config.data_dir.clone()];
+    if let Ok(entries) = std::fs::read_dir(&config.data_dir) {
+        let mut more: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("process-")))
+            .collect();
+        more.sort();
+        dirs.extend(more);
+    }
+    let mut bad = 0;
+    for dir in dirs {
+        for name in ["input.log", "responses.log", "embeddings.log"] {
+            let path = dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let run = |p: &std::path::Path| -> std::io::Result<Check> {
+                match (name, repair) {
+                    ("input.log", false) => InputLog::check(p),
+                    ("input.log", true) => InputLog::repair(p),
+                    ("responses.log", false) => ResponseLog::check(p),
+                    ("responses.log", true) => ResponseLog::repair(p),
+                    (_, false) => EmbeddingLog::check(p),
+                    (_, true) => EmbeddingLog::repair(p),
+                }
+            };
+            let c = run(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            println!(
+                "{}: {} lines read ({} without a checksum), {} bad, torn tail {} bytes",
+                path.display(),
+                c.good,
+                c.unchecked,
+                c.bad.len(),
+                c.torn_bytes
+            );
+            for b in &c.bad {
+                println!("  line {} at byte offset {}: {}", b.line, b.offset, b.reason);
+            }
+            if repair && (!c.bad.is_empty() || c.torn_bytes > 0) {
+                println!("  moved to {}.quarantine; the log keeps the rest, in order", path.display());
+            }
+            bad += c.bad.len();
+        }
+    }
+    Ok(if bad > 0 && !repair { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 fn token(cmd: TokenCommand) -> anyhow::Result<ExitCode> {

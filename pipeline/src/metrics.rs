@@ -31,6 +31,8 @@ pub struct Metrics {
     pub input_log_fsync: Histogram,
     /// API requests refused for a missing, malformed or unknown token.
     pub unauthorized: IntCounter,
+    /// Appends to the input log that failed (nothing of them was acknowledged).
+    pub input_log_failures: IntCounter,
 }
 
 impl Metrics {
@@ -81,6 +83,11 @@ impl Metrics {
             "API requests refused 401: no token, a malformed Authorization header, or an unknown token",
         )
         .expect("metric");
+        let input_log_failures = IntCounter::new(
+            "engram_input_log_failures_total",
+            "Input log appends that failed (a write truncated back, or an fsync that failed the log): nothing acknowledged",
+        )
+        .expect("metric");
         let clusters =
             IntGauge::new("engram_clusters", "Clusters (nodes of layers 1 and above), all spaces").expect("metric");
         let summary_backlog =
@@ -113,6 +120,7 @@ impl Metrics {
             Box::new(query_duration.clone()),
             Box::new(input_log_fsync.clone()),
             Box::new(unauthorized.clone()),
+            Box::new(input_log_failures.clone()),
         ] {
             registry.register(m).expect("register metric");
         }
@@ -130,6 +138,7 @@ impl Metrics {
             query_duration,
             input_log_fsync,
             unauthorized,
+            input_log_failures,
             clusters,
             summary_backlog,
             summaries_reused,

@@ -101,6 +101,9 @@ impl Shared {
             rejects.push(row);
         }
         let rejected_total = rejects.len();
+        if rejected_total > 0 {
+            self.sync_dead_letters();
+        }
         if !accepted.is_empty() {
             self.admit_space(space, token).map_err(IngestError::SpaceQuota)?;
         }
@@ -142,7 +145,17 @@ impl Shared {
                 l.epoch = epoch;
             }
             let t = Instant::now();
-            self.input_log.lock().expect("log lock").append(&logged)?;
+            let mut log = self.input_log.lock().expect("log lock");
+            if let Err(e) = log.append(&logged) {
+                self.metrics.input_log_failures.inc();
+                tracing::error!(error = %e, records = logged.len(), "could not append to the input log; nothing taken");
+                if let Some(why) = log.failed() {
+                    // What the disk holds is unknown: stop, and let a restart replay what the log does hold.
+                    self.fail(format!("the input log failed: {why}"));
+                }
+                return Err(e);
+            }
+            drop(log);
             self.metrics.input_log_fsync.observe(t.elapsed().as_secs_f64());
         }
         if !items.is_empty() {
@@ -158,11 +171,11 @@ impl Shared {
     pub fn ingest_source(
         &self,
         kind: &str,
-        records: Vec<connectors::SourceRecord>,
+        records: &[connectors::SourceRecord],
     ) -> std::io::Result<(u64, Vec<connectors::Position>)> {
         let n = records.len();
         let mut last: BTreeMap<String, connectors::Position> = BTreeMap::new();
-        for r in &records {
+        for r in records {
             let e = last.entry(r.position.source.clone()).or_insert_with(|| r.position.clone());
             if r.position.offset > e.offset {
                 *e = r.position.clone();
@@ -211,6 +224,9 @@ impl Shared {
             }
         }
         self.metrics.records_in.with_label_values(&[kind]).inc_by(n as u64);
+        if items.iter().any(|i| matches!(i, Item::Reject(_))) {
+            self.sync_dead_letters();
+        }
         items.extend(last.values().map(|p| Item::Position(p.source.clone(), p.offset)));
         let mut q = self.queue.lock().expect("queue lock");
         let epoch = self.log_and_queue(&mut q, logged, items)?;

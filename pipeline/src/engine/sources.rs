@@ -36,11 +36,19 @@ pub(super) fn spawn_source(
                     continue;
                 }
                 match source.poll(batch) {
-                    Ok(SourceBatch::Records(records)) => match shared.ingest_source(kind, records) {
-                        Ok(batch) => uncommitted.push_back(batch),
-                        Err(e) => {
-                            tracing::error!(source = %name, error = %e, "could not log source records; the source stops");
-                            break;
+                    Ok(SourceBatch::Records(records)) => loop {
+                        // A batch that cannot be logged (a full disk) is tried again until it is, or until the
+                        // engine stops (then the source resumes after what the log holds, at the next start).
+                        match shared.ingest_source(kind, &records) {
+                            Ok(batch) => {
+                                uncommitted.push_back(batch);
+                                break;
+                            }
+                            Err(e) if !shared.stopping() => {
+                                tracing::error!(source = %name, error = %e, "could not log source records; retrying in 1s");
+                                std::thread::sleep(Duration::from_secs(1));
+                            }
+                            Err(_) => break,
                         }
                     },
                     Ok(SourceBatch::Idle) => std::thread::sleep(source.idle_wait().max(Duration::from_millis(if uncommitted.is_empty() { 0 } else { 5 }))),

@@ -214,6 +214,13 @@ impl Shared {
         }
     }
 
+    /// Makes the rejects written so far durable (one fsync per batch).
+    pub(super) fn sync_dead_letters(&self) {
+        if let Err(e) = self.dead_letter.lock().expect("dead letter lock").sync() {
+            tracing::error!(error = %e, "could not fsync the dead-letter file");
+        }
+    }
+
     /// The views, read-locked (the views sink waits while this is held: keep it short).
     pub fn views(&self) -> std::sync::RwLockReadGuard<'_, Views> {
         self.views.read().expect("views lock")

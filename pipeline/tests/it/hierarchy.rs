@@ -258,8 +258,8 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     assert_eq!(after["text"], before["text"], "the summary of the three is kept");
     assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
     assert_eq!(metric(&engine, "engram_llm_requests_total").await, calls, "no call for the grown cluster");
-    let logged = std::fs::read_to_string(engine.data_dir.join("responses.log")).unwrap();
-    let last: serde_json::Value = serde_json::from_str(logged.lines().last().unwrap()).unwrap();
+    let logged = crate::common::log_rows(&engine.data_dir.join("responses.log"));
+    let last = logged.last().unwrap();
     assert_eq!(last["covers"]["members"].as_array().unwrap().len(), 3, "{last}");
 
     // A paragraph the summary saw changes: the summary no longer holds.

@@ -300,11 +300,7 @@ async fn neighbours(engine: &Engine, ids: &[String]) -> Vec<(String, Value)> {
 
 /// The sources (`kafka:TOPIC/PARTITION`) of the records in an input log.
 fn logged_sources(path: &std::path::Path) -> std::collections::BTreeSet<String> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v["source"].as_str().map(String::from))
-        .collect()
+    crate::common::log_rows(path).iter().filter_map(|v| v["source"].as_str().map(String::from)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

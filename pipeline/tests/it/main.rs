@@ -15,3 +15,4 @@ mod hostile;
 mod http_api;
 mod kafka;
 mod llm;
+mod logs;

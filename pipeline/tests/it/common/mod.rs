@@ -162,3 +162,13 @@ pub fn tokens_file(dir: &Path, tokens: &[(&str, &str, &str, &[&str], usize)]) ->
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// The rows of one of the data directory's logs (`input.log`, `responses.log`, `embeddings.log`): each line's JSON,
+/// without the checksum after its tab.
+pub fn log_rows(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| l.rsplit_once('\t').map_or(l, |(json, _)| json))
+        .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("{}: {e}: {j}", path.display())))
+        .collect()
+}
