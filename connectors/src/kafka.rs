@@ -1,8 +1,10 @@
 //! Kafka (rdkafka, librdkafka built from source): the source of records and the sinks of what engram derives.
 //!
 //! **Source.** [`KafkaSource`] reads the configured topics as a member of a consumer group with manual assignment:
-//! its [`Share`] of the partitions of the topics (all of them for a single process), each from (in order of precedence) the offset after the last one the input log
-//! holds (a restart resumes exactly where the memory is), the group's committed offset, or the beginning. Each
+//! its [`Share`] of the partitions of the topics (all of them for a single process), each from the offset after the
+//! last one the input log holds (a restart resumes exactly where the memory is), or, when the log holds nothing of
+//! it (a new pod, a lost disk), from the beginning: the memory is rebuilt from the partition, so the group's committed
+//! offset marks only what the memory had reflected (for lag and monitoring). Each
 //! message is a record; its key names the space. Positions are `kafka:TOPIC/PARTITION` with
 //! Kafka's offsets, so the input log, read-your-writes (`?after=TOPIC:PARTITION:OFFSET`) and commits speak Kafka's
 //! terms. Offsets are committed to the group only once the views reflect them ([`Source::commit`]); a redelivered
@@ -165,10 +167,16 @@ impl KafkaSource {
         let mut next = BTreeMap::new();
         for el in all.elements() {
             let (topic, p) = (el.topic().to_string(), el.partition());
+            // The input log is the memory's source of truth: with nothing of a partition in it (a new pod, a lost
+            // disk) the partition is read from its beginning, whatever the group has committed, so that the rebuilt
+            // memory holds every record and not only those after the group's offset.
             let logged = resume.get(&source_name(&topic, p)).map(|o| Offset::Offset(*o as i64 + 1));
+            let start = logged.unwrap_or(Offset::Beginning);
             let group =
                 committed.find_partition(&topic, p).map(|e| e.offset()).filter(|o| matches!(o, Offset::Offset(_)));
-            let start = logged.or(group).unwrap_or(Offset::Beginning);
+            if logged.is_none() && group.is_some() {
+                tracing::info!(topic, partition = p, committed = ?group, "nothing of this partition is logged: reading it from the beginning");
+            }
             if let Offset::Offset(o) = start {
                 next.insert((topic.clone(), p), o);
             } else {

@@ -175,7 +175,7 @@ async fn records_from_kafka_with_dead_letters_changes_and_committed_offsets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_group_resumes_from_its_committed_offsets() {
+async fn an_empty_disk_rebuilds_the_whole_memory_from_the_partitions() {
     let Some(b) = brokers() else { return };
     let (topic, group) = (unique("resume"), unique("group"));
     create_topics(&b, &[(&topic, 1)]).await;
@@ -192,12 +192,21 @@ async fn a_consumer_group_resumes_from_its_committed_offsets() {
     .await;
     assert_eq!(engine.terminate(), Some(0));
     produce(&b, &topic, &[(0, "s", chunk("c", 0, "gamma harbour"))]).await;
-    // A new data directory (a new pod with an empty disk) in the same group reads only what the group has not.
+    // A new data directory (a new pod with an empty disk) in the same group: nothing local is left, so every
+    // partition is read from its beginning, and the memory holds the records before the group's offset too.
     let fresh = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(fresh.path(), &[], &env);
+    wait_until("all three records", 30, async || space(&engine, "s").await["nodes"] == 3).await;
+    for (id, text) in [("a%230", "alpha harbour"), ("c%230", "gamma harbour")] {
+        let (_, node) = get(&format!("{}/v1/spaces/s/nodes/{id}", engine.api)).await;
+        assert_eq!(node["text"], text, "{node}");
+    }
+    // With its disk, a restart resumes after what its input log holds: nothing is read twice.
+    assert_eq!(engine.terminate(), Some(0));
     let engine = Engine::start(fresh.path(), &[], &env);
-    wait_until("the third record", 30, async || space(&engine, "s").await["nodes"] == 1).await;
-    let (_, node) = get(&format!("{}/v1/spaces/s/nodes/c%230", engine.api)).await;
-    assert_eq!(node["text"], "gamma harbour", "{node}");
+    wait_until("the replayed memory", 30, async || space(&engine, "s").await["nodes"] == 3).await;
+    let log = crate::common::log_rows(&fresh.path().join("input.log"));
+    assert_eq!(log.iter().filter(|r| !r["record"].is_null()).count(), 3, "each record logged once");
 }
 
 async fn chat(State(seen): State<Arc<Mutex<Vec<String>>>>, Json(body): Json<Value>) -> Json<Value> {
