@@ -32,8 +32,8 @@ pub struct EvalArgs {
     /// (e.g. ../shared/data/qmsum/val).
     #[arg(long)]
     data: PathBuf,
-    /// Modes to evaluate (default: flat, prune-and-grow and compass).
-    #[arg(long = "mode", value_parser = ["flat", "prune-and-grow", "compass"])]
+    /// Modes to evaluate (default: flat, hybrid, prune-and-grow and compass).
+    #[arg(long = "mode", value_parser = ["flat", "hybrid", "prune-and-grow", "compass"])]
     modes: Vec<String>,
     /// Evidence budgets in words.
     #[arg(long, value_delimiter = ',', default_value = "250,500,1000")]
@@ -252,16 +252,16 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The modes `--mode` names (all three when it names none); an unknown name is an error.
+/// The modes `--mode` names (all four when it names none); an unknown name is an error.
 fn parse_modes(names: &[String]) -> anyhow::Result<Vec<Mode>> {
     if names.is_empty() {
-        return Ok(vec![Mode::Flat, Mode::PruneAndGrow, Mode::Compass]);
+        return Ok(vec![Mode::Flat, Mode::Hybrid, Mode::PruneAndGrow, Mode::Compass]);
     }
     names
         .iter()
         .map(|m| {
             serde_json::from_value(json!(m))
-                .map_err(|_| anyhow::anyhow!("--mode {m:?}: expected flat, prune-and-grow or compass"))
+                .map_err(|_| anyhow::anyhow!("--mode {m:?}: expected flat, hybrid, prune-and-grow or compass"))
         })
         .collect()
 }

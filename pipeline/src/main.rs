@@ -154,7 +154,7 @@ struct RunArgs {
     /// Once the --input files are ingested, answer `SPACE:QUESTION` and print the response (repeatable).
     #[arg(long = "ask", value_name = "SPACE:QUESTION")]
     asks: Vec<String>,
-    /// The retrieval mode of the --ask answers: flat | prune-and-grow | compass.
+    /// The retrieval mode of the --ask answers: flat | hybrid | prune-and-grow | compass.
     #[arg(long = "ask-mode", default_value = engram::query::Mode::DEFAULT.as_str())]
     ask_mode: String,
     /// Exit after the --ask answers are printed, instead of serving.
@@ -177,7 +177,7 @@ struct QueryArgs {
     url: String,
     #[arg(long)]
     space: String,
-    /// compass | prune-and-grow | flat
+    /// compass | prune-and-grow | hybrid | flat
     #[arg(long, default_value = engram::query::Mode::DEFAULT.as_str())]
     mode: String,
     #[arg(long = "budget-words")]
@@ -238,8 +238,9 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "--ask {ask:?}: expected SPACE:QUESTION"
         );
     }
-    let ask_mode: engram::query::Mode = serde_json::from_value(serde_json::json!(args.ask_mode))
-        .map_err(|_| anyhow::anyhow!("--ask-mode {:?}: expected flat, prune-and-grow or compass", args.ask_mode))?;
+    let ask_mode: engram::query::Mode = serde_json::from_value(serde_json::json!(args.ask_mode)).map_err(|_| {
+        anyhow::anyhow!("--ask-mode {:?}: expected flat, hybrid, prune-and-grow or compass", args.ask_mode)
+    })?;
     anyhow::ensure!(
         !args.once || !args.follow,
         "--once and --follow contradict each other: a followed file never ends"

@@ -80,6 +80,7 @@ fn retrieve(
         Mode::PruneAndGrow => query::prune_and_grow(view, e, guide, q, k, budget),
         Mode::Compass => query::compass(view, e, guide, q, k, budget, s.config.query.compass_topics),
         Mode::Flat => query::flat(view, e, q, k, budget),
+        Mode::Hybrid => query::hybrid(view, e, q, budget),
     }
 }
 
@@ -124,7 +125,7 @@ pub fn execute(s: &Shared, space: &str, req: &QueryRequest) -> Result<QueryRespo
     let budget = req.budget_words.unwrap_or(s.config.query.default_budget_words);
     let started = Instant::now();
     let has_model = s.has_model();
-    let guided = req.mode != Mode::Flat && req.use_model.unwrap_or(has_model);
+    let guided = !matches!(req.mode, Mode::Flat | Mode::Hybrid) && req.use_model.unwrap_or(has_model);
     let unknown = || QueryError::UnknownSpace(space.to_string());
     let (evidence, trace, as_of) = if guided {
         // The model takes seconds: retrieve from a copy of the space, so the views (and the dataflow that writes

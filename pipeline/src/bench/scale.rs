@@ -231,7 +231,7 @@ fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, 
         })
         .collect();
     let mut out = serde_json::Map::new();
-    for mode in [Mode::Flat, Mode::PruneAndGrow, Mode::Compass] {
+    for mode in [Mode::Flat, Mode::Hybrid, Mode::PruneAndGrow, Mode::Compass] {
         let mut ms = Vec::new();
         for q in &questions {
             let req = QueryRequest {

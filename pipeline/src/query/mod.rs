@@ -1,15 +1,18 @@
 //! The query engine over the views, one module per mode: [`flat`] (top-k by cosine over layer 0, the RAG baseline),
-//! [`prune_and_grow`] (CAM) and [`compass`] (CompassMem). The structured modes rank layer-0 text by [`relevance`]
+//! [`hybrid`] (the fused relevance ranking over layer 0 alone, the strongest flat baseline), [`prune_and_grow`]
+//! (CAM) and [`compass`] (CompassMem). The structured modes rank layer-0 text by [`relevance`]
 //! (dense and lexical evidence fused, with the names a question mentions and a turn's neighbours in the
 //! conversation); each works with a model (the [`Guide`]) and without one.
 
 mod compass;
 mod flat;
+mod hybrid;
 mod prune_and_grow;
 pub mod relevance;
 
 pub use compass::{compass, plan};
 pub use flat::flat;
+pub use hybrid::hybrid;
 pub use prune_and_grow::prune_and_grow;
 
 use serde::{Deserialize, Serialize};
@@ -55,6 +58,7 @@ fn clip(text: &str, words: usize) -> String {
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     Flat,
+    Hybrid,
     PruneAndGrow,
     Compass,
 }
@@ -67,6 +71,7 @@ impl Mode {
     pub const fn as_str(self) -> &'static str {
         match self {
             Mode::Flat => "flat",
+            Mode::Hybrid => "hybrid",
             Mode::PruneAndGrow => "prune-and-grow",
             Mode::Compass => "compass",
         }

@@ -356,3 +356,39 @@ async fn a_stalled_request_times_out_and_others_are_served() {
     assert!(reply.contains("request_timeout"), "{reply}");
     assert!(t.elapsed() >= std::time::Duration::from_millis(900), "not before the timeout");
 }
+
+/// `hybrid` is the fused ranking over layer 0 alone: on a space without events (chunks only) it is exactly what
+/// `compass` gives, and it is not `flat`'s cosine order; the trace says it is the hybrid ranking.
+#[tokio::test]
+async fn hybrid_is_the_fused_ranking_without_the_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let engine = Engine::start(dir.path(), &["--input", &news], &[]);
+    let ask = |mode: &str| {
+        let url = format!("{}/v1/spaces/news/query", engine.api);
+        let q = json!({"query": "How much will the sea wall cost?", "mode": mode, "budget_words": 120});
+        async move { post(&url, q.to_string()).await }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (_, s) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if s["spaces"][0]["nodes"] == 59 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{s}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (status, hybrid) = ask("hybrid").await;
+    assert_eq!(status, 200, "{hybrid}");
+    let (_, compass) = ask("compass").await;
+    let (_, flat) = ask("flat").await;
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["evidence"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(!ids(&hybrid).is_empty());
+    assert_eq!(ids(&hybrid), ids(&compass), "no events: compass is the fused ranking alone");
+    assert_eq!(hybrid["evidence"], compass["evidence"]);
+    assert_ne!(ids(&hybrid), ids(&flat), "the fused ranking is not cosine's");
+    assert_eq!(hybrid["trace"][0]["mode"], "hybrid", "{}", hybrid["trace"]);
+    assert!(ids(&hybrid)[0].starts_with("pm-2026-11-25-seawall-costs#0"), "{:?}", ids(&hybrid));
+}
