@@ -29,6 +29,15 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub query: QueryConfig,
     pub auth: crate::auth::AuthConfig,
+    pub mcp: McpConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct McpConfig {
+    /// `Host` values `/mcp` accepts (DNS-rebinding protection); empty: any.
+    #[serde(deserialize_with = "list_or_csv")]
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

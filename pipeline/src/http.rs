@@ -27,10 +27,10 @@ pub struct AppError {
 }
 
 impl AppError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         AppError { status, code, message: message.into() }
     }
-    fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 }
@@ -100,6 +100,12 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/v1/spaces/{space}/summaries/pending", get(pending_summaries))
         .route("/v1/spaces/{space}/events", get(events))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .merge(
+            Router::new()
+                .nest_service("/mcp", crate::mcp::service(shared.clone()))
+                .layer(axum::middleware::from_fn(crate::mcp::check_message))
+                .layer(axum::Extension(crate::mcp::BodyLimit(limit))),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), authenticate))
         .layer(
@@ -142,6 +148,11 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 
 /// The spaces the token may read, with their statistics.
 async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>) -> Json<serde_json::Value> {
+    Json(spaces_json(&s, &grant))
+}
+
+/// `{"spaces":[…],"as_of"}`: the spaces `grant` may read.
+pub(crate) fn spaces_json(s: &Shared, grant: &Grant) -> serde_json::Value {
     let views = s.views();
     let list: Vec<_> = views
         .spaces
@@ -157,7 +168,7 @@ async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>
             })
         })
         .collect();
-    Json(json!({"spaces": list, "as_of": views.as_of}))
+    json!({"spaces": list, "as_of": views.as_of})
 }
 
 /// Rejected inputs (admin scope): those of the token's spaces; a token over every space also sees the ones no space
@@ -182,7 +193,7 @@ async fn errors(
     Ok(Json(json!({"total": total, "recent": recent})))
 }
 
-fn check_space(space: &str) -> Result<(), AppError> {
+pub(crate) fn check_space(space: &str) -> Result<(), AppError> {
     let ok = !space.is_empty()
         && space.len() <= 128
         && space.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
@@ -235,21 +246,41 @@ async fn ingest(
             .map(|line| operators::record::parse_json(line, &s.limits).map_err(|e| (line.to_vec(), e.to_string())))
             .collect()
     };
+    Ok(Json(ingest_raws(s, grant, space, raws).await?).into_response())
+}
+
+/// Takes parsed records (or their parse errors) into `space` for `grant` (whose `Write` scope the caller checked):
+/// `{"receipt","accepted","rejected","rejected_total"}`.
+pub(crate) async fn ingest_raws(
+    s: Arc<Shared>,
+    grant: Grant,
+    space: String,
+    raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>>,
+) -> Result<serde_json::Value, AppError> {
+    if let Some(reason) = s.failure() {
+        return Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_failed", reason));
+    }
     if raws.is_empty() {
         return Err(AppError::bad_request("no records in the body"));
     }
-    let shared = s.clone();
-    let receipt = tokio::task::spawn_blocking(move || shared.ingest_http(&space, raws, grant.quota()))
+    let max = s.config.ingest.max_records_per_request;
+    if raws.len() > max {
+        return Err(AppError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_records",
+            format!("more than ingest.max-records-per-request = {max} records in one request; nothing was taken"),
+        ));
+    }
+    let receipt = tokio::task::spawn_blocking(move || s.ingest_http(&space, raws, grant.quota()))
         .await
         .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
     let rejected: Vec<_> = receipt.rejected.iter().map(|(i, r)| json!({"index": i, "reason": r})).collect();
-    Ok(Json(json!({
+    Ok(json!({
         "receipt": receipt.epoch.map(|e| e.to_string()),
         "accepted": receipt.accepted,
         "rejected": rejected,
         "rejected_total": receipt.rejected_total,
     }))
-    .into_response())
 }
 
 /// Reads a body of at most `limit` bytes into one buffer sized from its `Content-Length` up front, so that a large
@@ -331,7 +362,7 @@ fn parse_kafka_position(after: &str) -> Option<(String, u64)> {
 /// Waits until the views include `after` — a receipt (an epoch number) or a Kafka position
 /// `TOPIC:PARTITION:OFFSET` (read by whichever process holds the partition, then reflected) — up to
 /// `query.max-wait`.
-async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
+pub(crate) async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
     let Some(after) = after else { return Ok(()) };
     let wait = s.config.query.max_wait;
     let mut rx = s.watch_as_of();
@@ -382,13 +413,22 @@ async fn query_space(
     grant.require(Scope::Read, &space)?;
     let req: QueryRequest =
         serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid query body: {e}")))?;
+    Ok(Json(run_query(s, space, req, params.after).await?))
+}
+
+/// Validates a query, waits for `after`, and answers it off the async runtime (the caller checked the scope).
+pub(crate) async fn run_query(
+    s: Arc<Shared>,
+    space: String,
+    req: QueryRequest,
+    after: Option<String>,
+) -> Result<QueryResponse, AppError> {
     service::validate(&s, &req)?;
-    wait_for(&s, params.after.as_deref()).await?;
-    let shared = s.clone();
-    let response = tokio::task::spawn_blocking(move || service::execute(&shared, &space, &req))
+    wait_for(&s, after.as_deref()).await?;
+    let response = tokio::task::spawn_blocking(move || service::execute(&s, &space, &req))
         .await
         .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
-    Ok(Json(response))
+    Ok(response)
 }
 
 async fn node(
@@ -399,18 +439,24 @@ async fn node(
 ) -> Result<Json<serde_json::Value>, AppError> {
     grant.require(Scope::Read, &space)?;
     wait_for(&s, params.after.as_deref()).await?;
+    Ok(Json(node_json(&s, &space, &id)?))
+}
+
+/// A node of any kind (chunk or turn, cluster, event, topic) with its links.
+pub(crate) fn node_json(s: &Shared, space: &str, id: &str) -> Result<serde_json::Value, AppError> {
+    let id = id.to_string();
     let views = s.views();
-    let view = space_view(&views, &space)?;
+    let view = space_view(&views, space)?;
     let mut neighbours: Vec<(String, u32)> =
         view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect()).unwrap_or_default();
     neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let parents: Vec<&String> = view.parents.get(&id).map(|p| p.iter().collect()).unwrap_or_default();
     if let Some((n, _)) = view.nodes.get(&id) {
-        return Ok(Json(json!({
+        return Ok(json!({
             "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),
             "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": *w as f64 / 1e6})).collect::<Vec<_>>(),
             "children": [], "parents": parents, "as_of": views.as_of,
-        })));
+        }));
     }
     if let Some(e) = view.events.get(&id) {
         let rels: Vec<_> = view
@@ -432,11 +478,11 @@ async fn node(
                             "turns": o.turns, "people": o.people, "time": o.time})
             })
             .collect();
-        return Ok(Json(json!({
+        return Ok(json!({
             "id": e.id, "layer": 0, "kind": "event", "text": e.summary,
             "source": {"conversation": e.conversation, "session": e.session, "turns": e.turns, "people": e.people, "time": e.time},
             "relations": rels, "group": group, "merged": merged, "topic": view.topic_of.get(&id), "as_of": views.as_of,
-        })));
+        }));
     }
     let members: Vec<&String> = view.topic_of.iter().filter(|(_, t)| **t == id).map(|(e, _)| e).collect();
     if !members.is_empty() {
@@ -445,19 +491,19 @@ async fn node(
         members.sort();
         let text: Vec<&str> =
             members.iter().filter_map(|e| view.events.get(*e)).take(3).map(|e| e.summary.as_str()).collect();
-        return Ok(Json(json!({
+        return Ok(json!({
             "id": id, "layer": 0, "kind": "topic", "text": text.join(" / "), "children": members, "as_of": views.as_of,
-        })));
+        }));
     }
     let c = view
         .clusters
         .get(&id)
         .ok_or_else(|| AppError::new(StatusCode::NOT_FOUND, "unknown_node", format!("no node `{id}` in `{space}`")))?;
-    Ok(Json(json!({
+    Ok(json!({
         "id": id, "layer": c.layer, "kind": "summary", "text": c.summary.as_ref().map(|s| &s.0),
         "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": w})).collect::<Vec<_>>(),
         "children": c.members, "parents": parents, "as_of": views.as_of,
-    })))
+    }))
 }
 
 /// A space's views, or `404 unknown_space`.
@@ -477,9 +523,15 @@ async fn events(
 ) -> Result<Json<serde_json::Value>, AppError> {
     grant.require(Scope::Read, &space)?;
     wait_for(&s, params.after.as_deref()).await?;
+    Ok(Json(events_json(&s, &space, None)?))
+}
+
+/// The event memory of a space (of one conversation, when given): `{"events","relations","as_of"}`.
+pub(crate) fn events_json(s: &Shared, space: &str, conversation: Option<&str>) -> Result<serde_json::Value, AppError> {
     let views = s.views();
-    let view = space_view(&views, &space)?;
-    let mut events: Vec<&operators::events::EventRow> = view.events.values().collect();
+    let view = space_view(&views, space)?;
+    let mut events: Vec<&operators::events::EventRow> =
+        view.events.values().filter(|e| conversation.is_none_or(|c| e.conversation == c)).collect();
     events.sort_by(|a, b| {
         (&a.conversation, a.session, &a.time, &a.turns).cmp(&(&b.conversation, b.session, &b.time, &b.turns))
     });
@@ -492,7 +544,16 @@ async fn events(
             v
         })
         .collect();
-    Ok(Json(json!({"events": events, "relations": view.relations, "as_of": views.as_of})))
+    let relations: Vec<_> = match conversation {
+        None => view.relations.iter().collect(),
+        Some(_) => view
+            .relations
+            .iter()
+            .filter(|r| view.events.contains_key(&r.from))
+            .filter(|r| view.events.get(&r.from).is_some_and(|e| conversation == Some(e.conversation.as_str())))
+            .collect(),
+    };
+    Ok(json!({"events": events, "relations": relations, "as_of": views.as_of}))
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.

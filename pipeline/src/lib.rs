@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod eval;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod outputs;
 pub mod query;

@@ -41,6 +41,18 @@ enum Command {
     /// Check the data directory's logs line by line (`engram log check`), or move their bad lines aside
     /// (`engram log repair`).
     Log(LogArgs),
+    /// MCP over stdio for a desktop client, relayed to a running engine's `/mcp` (streamable HTTP).
+    Mcp(McpArgs),
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// Base URL of a running engine.
+    #[arg(long, default_value = "http://127.0.0.1:7600")]
+    url: String,
+    /// API token, sent as `Authorization: Bearer TOKEN`.
+    #[arg(long, env = "ENGRAM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Args)]
@@ -210,6 +222,12 @@ fn main() -> ExitCode {
         Command::Embed(args) => embed(args),
         Command::Token(cmd) => token(cmd),
         Command::Log(args) => log(args),
+        Command::Mcp(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(engram::mcp::stdio_relay(&args.url, args.token.as_deref())))
+            .map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -260,6 +260,7 @@ mod fuzz {
                 Just(format!("/v1/spaces{q}")),
                 Just(format!("/v1/errors{q}")),
                 Just(format!("/healthz{q}")),
+                Just(format!("/mcp{q}")),
                 Just(format!("/{a}/{b}")),
             ]
         })
@@ -301,6 +302,14 @@ mod fuzz {
     fn body() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             json_value().prop_map(|v| v.to_string().into_bytes()),
+            (
+                0i64..5,
+                prop_oneof![Just("initialize"), Just("tools/list"), Just("tools/call"), Just("ping")],
+                json_value()
+            )
+                .prop_map(|(id, method, params)| {
+                    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string().into_bytes()
+                }),
             prop::collection::vec(json_value(), 0..8).prop_map(|v| v
                 .iter()
                 .map(|v| v.to_string())
@@ -345,7 +354,9 @@ mod fuzz {
             prop::collection::vec(("[A-Za-z-]{1,20}", "[ -~]{0,80}"), 0..4),
         )
             .prop_map(|(method, path, auth, ctype, body, skew, extra)| {
-                let mut r = format!("{method} {path} HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\n");
+                let mut r = format!(
+                    "{method} {path} HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nAccept: application/json, text/event-stream\r\n"
+                );
                 if let Some(a) = auth {
                     r.push_str(&format!("Authorization: {a}\r\n"));
                 }
@@ -376,6 +387,7 @@ mod fuzz {
             ("ENGRAM__QUERY__MAX_WAIT", "2s"),
             ("ENGRAM__HTTP__REQUEST_TIMEOUT", "5s"),
             ("ENGRAM__HTTP__HEADER_READ_TIMEOUT", "5s"),
+            ("ENGRAM__MCP__ALLOWED_HOSTS", ""),
         ];
         let engine = Engine::start(&dir.path().join("data"), &[], &env);
         let addr = engine.api.trim_start_matches("http://").to_string();

@@ -16,3 +16,4 @@ mod http_api;
 mod kafka;
 mod llm;
 mod logs;
+mod mcp;
