@@ -16,7 +16,7 @@ fn eval_locomo_writes_recall_by_mode_budget_and_category() {
     assert_eq!(v["dataset"], "locomo");
     let results = v["results"].as_array().unwrap();
     let all: Vec<_> = results.iter().filter(|r| r["category"] == "all").collect();
-    assert_eq!(all.len(), 6, "three modes (flat, prune-and-grow, compass) × two budgets");
+    assert_eq!(all.len(), 8, "four modes (flat, hybrid, prune-and-grow, compass) × two budgets");
     for r in &all {
         assert_eq!(r["n"], 3, "categories 1-4 with a real evidence turn: {r}");
         let recall = r["recall"].as_f64().unwrap();
