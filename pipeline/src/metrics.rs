@@ -157,8 +157,144 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The name of every metric family engram exposes, whether or not it has a sample yet (a labelled family shows
+    /// in `/metrics` only once a label value is used): what the dashboard and the alerts may query.
+    pub fn family_names(&self) -> std::collections::BTreeSet<String> {
+        use prometheus::core::Collector;
+        let llm = |m: &connectors::openai::LlmMetrics| -> Vec<Box<dyn Collector>> {
+            vec![
+                Box::new(m.requests.clone()),
+                Box::new(m.tokens.clone()),
+                Box::new(m.duration.clone()),
+                Box::new(m.rate_limited_waits.clone()),
+                Box::new(m.inflight.clone()),
+            ]
+        };
+        let mut all: Vec<Box<dyn Collector>> = vec![
+            Box::new(self.records_in.clone()),
+            Box::new(self.records_rejected.clone()),
+            Box::new(self.epochs.clone()),
+            Box::new(self.epoch_records.clone()),
+            Box::new(self.frontier_lag_epochs.clone()),
+            Box::new(self.frontier_lag_seconds.clone()),
+            Box::new(self.nodes.clone()),
+            Box::new(self.edges.clone()),
+            Box::new(self.spaces.clone()),
+            Box::new(self.query_duration.clone()),
+            Box::new(self.clusters.clone()),
+            Box::new(self.summary_backlog.clone()),
+            Box::new(self.summaries_reused.clone()),
+            Box::new(self.input_log_fsync.clone()),
+            Box::new(self.unauthorized.clone()),
+            Box::new(self.input_log_failures.clone()),
+            Box::new(self.embedder.texts.clone()),
+            Box::new(self.embedder.batch_seconds.clone()),
+            Box::new(self.embedder.cached.clone()),
+        ];
+        all.extend(llm(&self.llm));
+        all.extend(llm(&self.embedder_requests));
+        #[cfg(feature = "kafka")]
+        all.extend([
+            Box::new(self.kafka.lag.clone()) as Box<dyn Collector>,
+            Box::new(self.kafka.records.clone()),
+            Box::new(self.kafka.commit_seconds.clone()),
+            Box::new(self.kafka.produced.clone()),
+        ]);
+        all.iter().flat_map(|c| c.desc().into_iter().map(|d| d.fq_name.clone()).collect::<Vec<_>>()).collect()
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `engram_*` name in a text, with a histogram's `_bucket`, `_sum` and `_count` series named by their
+    /// family.
+    fn names_in(text: &str, families: &std::collections::BTreeSet<String>) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("engram_") {
+            let tail = &rest[i..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            let name = &tail[..end];
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(*f)))
+                .unwrap_or(name);
+            out.push(family.to_string());
+            rest = &tail[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn the_family_list_holds_every_registered_metric() {
+        let m = Metrics::new();
+        let families = m.family_names();
+        // Give every labelled family a sample, so that the registry lists it.
+        m.records_in.with_label_values(&["http"]).inc();
+        m.records_rejected.with_label_values(&["http"]).inc();
+        m.query_duration.with_label_values(&["flat"]).observe(0.1);
+        for l in [&m.llm, &m.embedder_requests] {
+            l.requests.with_label_values(&["s", "ok"]).inc();
+            l.tokens.with_label_values(&["s", "in"]).inc();
+            l.duration.with_label_values(&["s"]).observe(0.1);
+        }
+        m.embedder.texts.with_label_values(&["hash"]).inc();
+        m.embedder.batch_seconds.with_label_values(&["hash"]).observe(0.1);
+        m.embedder.cached.with_label_values(&["hash"]).inc();
+        #[cfg(feature = "kafka")]
+        {
+            m.kafka.lag.with_label_values(&["t"]).set(1);
+            m.kafka.records.with_label_values(&["t"]).inc();
+            m.kafka.produced.with_label_values(&["changes", "ok"]).inc();
+        }
+        let registered: std::collections::BTreeSet<String> =
+            m.registry.gather().iter().map(|f| f.name().to_string()).collect();
+        assert_eq!(registered, families, "Metrics::family_names lists exactly what is registered");
+    }
+
+    #[test]
+    fn the_dashboard_and_the_alerts_query_only_metrics_engram_exposes() {
+        let families = Metrics::new().family_names();
+        let k8s = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s");
+        let dashboard = std::fs::read_to_string(k8s.join("dashboard.json")).unwrap();
+        let alerts = std::fs::read_to_string(k8s.join("alerts.rules.yml")).unwrap();
+        let dash: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+        let exprs: Vec<&str> = dash["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+            .filter_map(|t| t["expr"].as_str())
+            .collect();
+        assert!(exprs.len() >= 20, "{} queries", exprs.len());
+        for (what, text) in [("dashboard", exprs.join("\n")), ("alerts", alerts)] {
+            let used = names_in(&text, &families);
+            assert!(!used.is_empty());
+            for name in used {
+                assert!(families.contains(&name), "{what} queries `{name}`, which engram does not expose");
+            }
+        }
+        // Every panel family of the issue: ingest, frontier lag, LLM calls, tokens, waits, backlog, latency, Kafka.
+        for needed in [
+            "engram_records_in_total",
+            "engram_frontier_lag_seconds",
+            "engram_llm_requests_total",
+            "engram_llm_tokens_total",
+            "engram_llm_rate_limited_waits_total",
+            "engram_summary_backlog",
+            "engram_query_duration_seconds",
+            "engram_kafka_consumer_lag",
+        ] {
+            assert!(dashboard.contains(needed), "the dashboard shows {needed}");
+        }
     }
 }

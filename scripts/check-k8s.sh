@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Checks k8s/: the alerting rules with promtool (Debian's prometheus package), every manifest against the Kubernetes
+# schemas (kubernetes-validate from PyPI), rendered through kustomize when kubectl is there. The dashboard's and the
+# rules' metric names are checked against engram's metrics by `cargo test` (pipeline/src/metrics.rs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v promtool >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+promtool check rules k8s/alerts.rules.yml
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+    python3 -m pip install -q kubernetes-validate
+fi
+python3 -c 'import json, sys; json.load(open("k8s/dashboard.json"))'
+manifests=(k8s/configmap.yaml k8s/secret.yaml k8s/services.yaml k8s/statefulset.yaml k8s/networkpolicy.yaml k8s/prometheus.yaml)
+if command -v kubectl >/dev/null 2>&1 && kubectl kustomize k8s >/tmp/engram-k8s.yaml 2>/dev/null; then
+    kubernetes-validate --strict --quiet /tmp/engram-k8s.yaml
+    echo "k8s: the kustomization renders $(grep -c '^kind:' /tmp/engram-k8s.yaml) objects, all valid"
+else
+    kubernetes-validate --strict --quiet "${manifests[@]}"
+    echo "k8s: ${#manifests[@]} manifests valid (no kubectl with kustomize here: not rendered)"
+fi
