@@ -7,10 +7,10 @@ use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use operators::request::ModelRequest;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::auth::{Forbidden, Grant, Scope, Unauthenticated};
@@ -35,9 +35,23 @@ impl AppError {
     }
 }
 
+/// The body of every API error.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// A stable code: `bad_request`, `unauthorized`, `forbidden`, `unknown_space`, `overloaded`, …
+    pub code: String,
+    pub message: String,
+}
+
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message } };
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -87,18 +101,34 @@ impl From<QueryError> for AppError {
     }
 }
 
+/// The API's routes and their OpenAPI document, from one table: a route cannot be served without being documented.
+pub fn routes() -> (Router<Arc<Shared>>, utoipa::openapi::OpenApi) {
+    use utoipa::OpenApi;
+    use utoipa_axum::{router::OpenApiRouter, routes};
+    OpenApiRouter::with_openapi(crate::openapi::ApiDoc::openapi())
+        .routes(routes!(api_healthz))
+        .routes(routes!(spaces))
+        .routes(routes!(errors))
+        .routes(routes!(ingest))
+        .routes(routes!(query_space))
+        .routes(routes!(node))
+        .routes(routes!(pending_summaries))
+        .routes(routes!(events))
+        .split_for_parts()
+}
+
+/// The API's OpenAPI 3.1 document (served at `/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    crate::openapi::finish(routes().1)
+}
+
 pub fn api(shared: Arc<Shared>) -> Router {
     let limit = shared.config.ingest.max_body_bytes;
     let (timeout, concurrent) = (shared.config.http.request_timeout, shared.config.http.max_concurrent_requests);
-    Router::new()
-        .route("/healthz", get(api_healthz))
-        .route("/v1/spaces", get(spaces))
-        .route("/v1/errors", get(errors))
-        .route("/v1/spaces/{space}/records", post(ingest))
-        .route("/v1/spaces/{space}/query", post(query_space))
-        .route("/v1/spaces/{space}/nodes/{id}", get(node))
-        .route("/v1/spaces/{space}/summaries/pending", get(pending_summaries))
-        .route("/v1/spaces/{space}/events", get(events))
+    let (router, doc) = routes();
+    let doc = Arc::new(crate::openapi::finish(doc));
+    router
+        .route("/openapi.json", get(move || async move { Json(doc.as_ref().clone()) }))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .merge(
             Router::new()
@@ -135,6 +165,9 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// The API port's health: any valid token may ask (the admin port's needs none).
+#[utoipa::path(get, path = "/healthz", tag = "engine",
+    responses((status = 200, description = "the engine runs", body = crate::openapi::Health),
+              (status = 503, description = "a worker, the summariser or a model thread died", body = crate::openapi::Health), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn api_healthz(state: State<Arc<Shared>>, Extension(grant): Extension<Grant>) -> Response {
     if !grant.has(Scope::Read) {
         return AppError::new(StatusCode::FORBIDDEN, "forbidden", "no scope").into_response();
@@ -147,6 +180,8 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 }
 
 /// The spaces the token may read, with their statistics.
+#[utoipa::path(get, path = "/v1/spaces", tag = "memory",
+    responses((status = 200, description = "the spaces the token may read", body = crate::openapi::Spaces), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>) -> Json<serde_json::Value> {
     Json(spaces_json(&s, &grant))
 }
@@ -154,25 +189,31 @@ async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>
 /// `{"spaces":[…],"as_of"}`: the spaces `grant` may read.
 pub(crate) fn spaces_json(s: &Shared, grant: &Grant) -> serde_json::Value {
     let views = s.views();
-    let list: Vec<_> = views
+    let spaces = views
         .spaces
         .iter()
         .filter(|(name, _)| grant.allows(Scope::Read, name))
-        .map(|(name, v)| {
-            json!({
-                "space": name, "nodes": v.nodes.len(), "edges": v.edges, "layers": v.layer_counts(),
-                "clusters": v.clusters.len(), "summaries_pending": v.requests.len(),
-                "events": v.events.len(), "relations": v.relations.len(),
-                "merged_events": v.groups.iter().filter(|(e, g)| e != g).count(),
-                "topics": v.topic_of.values().collect::<std::collections::HashSet<_>>().len(), "as_of": views.as_of,
-            })
+        .map(|(name, v)| crate::openapi::SpaceStats {
+            space: name.clone(),
+            nodes: v.nodes.len(),
+            edges: v.edges,
+            layers: v.layer_counts(),
+            clusters: v.clusters.len(),
+            summaries_pending: v.requests.len(),
+            events: v.events.len(),
+            relations: v.relations.len(),
+            merged_events: v.groups.iter().filter(|(e, g)| e != g).count(),
+            topics: v.topic_of.values().collect::<std::collections::HashSet<_>>().len(),
+            as_of: views.as_of,
         })
         .collect();
-    json!({"spaces": list, "as_of": views.as_of})
+    serde_json::to_value(crate::openapi::Spaces { spaces, as_of: views.as_of }).unwrap_or_default()
 }
 
 /// Rejected inputs (admin scope): those of the token's spaces; a token over every space also sees the ones no space
 /// could be read from. `total` counts every reject; `recent` lists the last ones the token may see.
+#[utoipa::path(get, path = "/v1/errors", tag = "engine",
+    responses((status = 200, description = "rejected inputs of the token's spaces (admin scope)", body = crate::openapi::Errors), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn errors(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
@@ -205,6 +246,12 @@ pub(crate) fn check_space(space: &str) -> Result<(), AppError> {
 }
 
 /// `POST /v1/spaces/{space}/records`: a JSON array of records, or NDJSON (one record per line).
+#[utoipa::path(post, path = "/v1/spaces/{space}/records", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`")),
+    request_body(content = String, description = "NDJSON (one record per line) or a JSON array of records", content_type = "application/x-ndjson"),
+    responses((status = 200, description = "the receipt: the accepted records are logged and fsync'd", body = crate::openapi::IngestResponse),
+              (status = 400, description = "a body that is neither NDJSON nor a JSON array", body = ErrorBody),
+              (status = 413, description = "over ingest.max-body-bytes or ingest.max-records-per-request", body = ErrorBody),
+              (status = 503, description = "the queue is at a cap, or the input log failed", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn ingest(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
@@ -274,13 +321,17 @@ pub(crate) async fn ingest_raws(
     let receipt = tokio::task::spawn_blocking(move || s.ingest_http(&space, raws, grant.quota()))
         .await
         .map_err(|e| AppError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))??;
-    let rejected: Vec<_> = receipt.rejected.iter().map(|(i, r)| json!({"index": i, "reason": r})).collect();
-    Ok(json!({
-        "receipt": receipt.epoch.map(|e| e.to_string()),
-        "accepted": receipt.accepted,
-        "rejected": rejected,
-        "rejected_total": receipt.rejected_total,
-    }))
+    let body = crate::openapi::IngestResponse {
+        receipt: receipt.epoch.map(|e| e.to_string()),
+        accepted: receipt.accepted,
+        rejected: receipt
+            .rejected
+            .into_iter()
+            .map(|(index, reason)| crate::openapi::Rejected { index, reason })
+            .collect(),
+        rejected_total: receipt.rejected_total,
+    };
+    Ok(serde_json::to_value(body).unwrap_or_default())
 }
 
 /// Reads a body of at most `limit` bytes into one buffer sized from its `Content-Length` up front, so that a large
@@ -402,6 +453,12 @@ pub(crate) async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppE
     }
 }
 
+#[utoipa::path(post, path = "/v1/spaces/{space}/query", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
+    request_body = QueryRequest,
+    responses((status = 200, description = "evidence within the budget, the trace, and with a model the answer", body = QueryResponse),
+              (status = 400, description = "an invalid query (empty, too long, k or budget out of range, too many subgoals)", body = ErrorBody),
+              (status = 404, description = "no such space", body = ErrorBody),
+              (status = 504, description = "the views did not reach `after` within query.max-wait", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn query_space(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
@@ -431,6 +488,10 @@ pub(crate) async fn run_query(
     Ok(response)
 }
 
+#[utoipa::path(get, path = "/v1/spaces/{space}/nodes/{id}", tag = "memory",
+    params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("id" = String, Path, description = "a chunk or turn id, a cluster `L<layer>:…`, an event `E:…` or a topic `T:…`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
+    responses((status = 200, description = "the node with its links (fields by kind)", body = serde_json::Value),
+              (status = 404, description = "no such space or node", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn node(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
@@ -515,6 +576,9 @@ fn space_view<'a>(views: &'a crate::views::Views, space: &str) -> Result<&'a cra
 }
 
 /// The event memory of a space: events in (conversation, session, time) order and their relations.
+#[utoipa::path(get, path = "/v1/spaces/{space}/events", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
+    responses((status = 200, description = "events in (conversation, session, time) order, and their typed relations", body = serde_json::Value),
+              (status = 404, description = "no such space", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn events(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
@@ -557,6 +621,9 @@ pub(crate) fn events_json(s: &Shared, space: &str, conversation: Option<&str>) -
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.
+#[utoipa::path(get, path = "/v1/spaces/{space}/summaries/pending", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`")),
+    responses((status = 200, description = "the requests waiting for the model", body = serde_json::Value),
+              (status = 404, description = "no such space", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn pending_summaries(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,

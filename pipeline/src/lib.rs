@@ -9,6 +9,7 @@ pub mod eval;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
+pub mod openapi;
 pub mod outputs;
 pub mod query;
 pub mod score;

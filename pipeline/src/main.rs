@@ -209,7 +209,8 @@ struct QueryArgs {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG").unwrap_or_else(|_| "info,hnsw_rs=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("ENGRAM_LOG")
+                .unwrap_or_else(|_| "info,hnsw_rs=warn,rmcp::service=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();

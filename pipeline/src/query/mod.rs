@@ -54,7 +54,7 @@ fn clip(text: &str, words: usize) -> String {
     text.split_whitespace().take(words).collect::<Vec<_>>().join(" ")
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     Flat,
@@ -78,7 +78,7 @@ impl Mode {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueryRequest {
     pub query: String,
@@ -99,17 +99,22 @@ fn default_mode() -> Mode {
     Mode::DEFAULT
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Evidence {
+    /// A node id, or `first..last` for a passage of consecutive nodes.
     pub id: String,
     pub layer: u32,
+    /// chunk | turn | summary
+    #[schema(value_type = String)]
     pub kind: NodeKind,
     pub text: String,
     pub score: f32,
+    /// `{"doc","position","speaker","ts"}`, and `nodes` / `events` for passages.
+    #[schema(value_type = Object)]
     pub source: serde_json::Value,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct QueryResponse {
     pub evidence: Vec<Evidence>,
     pub answer: Option<String>,
@@ -118,6 +123,8 @@ pub struct QueryResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer_error: Option<String>,
     pub as_of: Option<u64>,
+    /// The retrieval's steps: seeds, rounds, walks, and why each node was kept.
+    #[schema(value_type = Vec<Object>)]
     pub trace: Vec<serde_json::Value>,
 }
 

@@ -61,6 +61,7 @@ async fn every_route_checks_the_token_and_its_spaces() {
         (Method::GET, "/v1/spaces/news/nodes/d%230".into(), None, "read"),
         (Method::GET, "/v1/spaces/news/summaries/pending".into(), None, "read"),
         (Method::GET, "/v1/spaces/news/events".into(), None, "read"),
+        (Method::GET, "/openapi.json".into(), None, "read"),
         (Method::GET, "/v1/no/such/route".into(), None, "read"),
     ];
     for (method, path, body, need) in &routes {
@@ -159,7 +160,9 @@ async fn every_route_checks_the_token_and_its_spaces() {
     let metrics = metrics.text().await.unwrap();
     assert!(!metrics.contains("wire-eu") && !metrics.contains("storm"), "no space or text in the metrics");
     let refused = metrics.lines().find(|l| l.starts_with("engram_api_unauthorized_total")).unwrap();
-    assert!(refused.ends_with(" 45"), "9 routes x 5 unauthenticated requests: {refused}");
+    assert!(refused.ends_with(" 50"), "10 routes x 5 unauthenticated requests: {refused}");
+    let (status, doc) = send(Method::GET, &format!("{api}/openapi.json"), Some(READER), None).await;
+    assert_eq!((status, doc["openapi"].as_str()), (200, Some("3.1.0")), "any token reads the API's document");
 }
 
 /// With no token configured, a non-loopback `listen` is refused at start, naming the opt-out; with the opt-out it

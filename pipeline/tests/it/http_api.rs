@@ -392,3 +392,18 @@ async fn hybrid_is_the_fused_ranking_without_the_structure() {
     assert_eq!(hybrid["trace"][0]["mode"], "hybrid", "{}", hybrid["trace"]);
     assert!(ids(&hybrid)[0].starts_with("pm-2026-11-25-seawall-costs#0"), "{:?}", ids(&hybrid));
 }
+
+/// The API's OpenAPI document is served, and it is the committed one (`docs/openapi.json`).
+#[tokio::test]
+async fn the_openapi_document_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let (status, doc) = get(&format!("{}/openapi.json", engine.api)).await;
+    assert_eq!(status, 200);
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(doc, committed);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 8);
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Checks k8s/: the alerting rules with promtool (Debian's prometheus package), every manifest against the Kubernetes
-# schemas (kubernetes-validate from PyPI), rendered through kustomize when kubectl is there. The dashboard's and the
-# rules' metric names are checked against engram's metrics by `cargo test` (pipeline/src/metrics.rs).
+# Checks the specs the project ships: in k8s/ the alerting rules with promtool (Debian's prometheus package), every
+# manifest against the Kubernetes schemas (kubernetes-validate from PyPI), rendered through kustomize when kubectl is
+# there; docs/openapi.json against the OpenAPI 3.1 schema (openapi-spec-validator from PyPI). The dashboard's and the
+# rules' metric names are checked against engram's metrics, and docs/openapi.json against the served document, by
+# `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v promtool >/dev/null 2>&1; then
@@ -20,3 +22,8 @@ else
     kubernetes-validate --strict --quiet "${manifests[@]}"
     echo "k8s: ${#manifests[@]} manifests valid (no kubectl with kustomize here: not rendered)"
 fi
+if ! python3 -c 'import openapi_spec_validator' 2>/dev/null; then
+    python3 -m pip install -q openapi-spec-validator
+fi
+python3 -c 'import json; from openapi_spec_validator import validate; validate(json.load(open("docs/openapi.json")))'
+echo "docs/openapi.json: a valid OpenAPI 3.1 document"
