@@ -75,6 +75,10 @@ impl From<Forbidden> for AppError {
 
 /// Authenticates every API request: the grant its token gives goes with it, or it is answered 401.
 async fn authenticate(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    if req.uri().path() == "/browse" {
+        // The browser's page is static (no memory in it): it asks the API with the token its user types.
+        return next.run(req).await;
+    }
     let header = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
     match s.access.authenticate(header) {
         Ok(grant) => {
@@ -114,6 +118,7 @@ pub fn routes() -> (Router<Arc<Shared>>, utoipa::openapi::OpenApi) {
         .routes(routes!(node))
         .routes(routes!(pending_summaries))
         .routes(routes!(events))
+        .routes(routes!(layer))
         .split_for_parts()
 }
 
@@ -129,6 +134,7 @@ pub fn api(shared: Arc<Shared>) -> Router {
     let doc = Arc::new(crate::openapi::finish(doc));
     router
         .route("/openapi.json", get(move || async move { Json(doc.as_ref().clone()) }))
+        .route("/browse", get(browser))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .merge(
             Router::new()
@@ -162,6 +168,24 @@ async fn healthz(State(s): State<Arc<Shared>>) -> Response {
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
+}
+
+/// The memory browser: one page (HTML, CSS and script in the binary), which reads the memory through this API.
+async fn browser() -> Response {
+    const PAGE: &str = include_str!("browser/index.html");
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        PAGE,
+    )
+        .into_response()
 }
 
 /// The API port's health: any valid token may ask (the admin port's needs none).
@@ -618,6 +642,66 @@ pub(crate) fn events_json(s: &Shared, space: &str, conversation: Option<&str>) -
             .collect(),
     };
     Ok(json!({"events": events, "relations": relations, "as_of": views.as_of}))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct Page {
+    /// The first entry (in id order).
+    offset: Option<usize>,
+    /// How many entries (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+#[utoipa::path(get, path = "/v1/spaces/{space}/layers/{layer}", tag = "memory",
+    params(("space" = String, Path, description = "the space"), ("layer" = u32, Path, description = "0 for chunks and turns, 1 and up for clusters"), Page),
+    responses((status = 200, description = "one page of a layer's nodes, in id order", body = crate::openapi::LayerPage),
+              (status = 404, description = "no such space", body = ErrorBody),
+              (status = 401, description = "no token, or an unknown one", body = ErrorBody),
+              (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
+/// A layer's nodes, a page at a time: layer 0's chunks and turns, or a layer's clusters with their sizes and summaries
+/// (what the memory browser's tree starts from).
+async fn layer(
+    State(s): State<Arc<Shared>>,
+    Extension(grant): Extension<Grant>,
+    Path((space, layer)): Path<(String, u32)>,
+    Query(page): Query<Page>,
+) -> Result<Json<crate::openapi::LayerPage>, AppError> {
+    grant.require(Scope::Read, &space)?;
+    let (offset, limit) = (page.offset.unwrap_or(0), page.limit.unwrap_or(100).clamp(1, 1000));
+    let views = s.views();
+    let view = space_view(&views, &space)?;
+    let clip = |t: &str| t.split_whitespace().take(30).collect::<Vec<_>>().join(" ");
+    let (total, nodes) = if layer == 0 {
+        let mut ids: Vec<&String> = view.nodes.keys().collect();
+        ids.sort();
+        let nodes = ids
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|id| {
+                let (n, _) = &view.nodes[*id];
+                crate::openapi::LayerNode { id: n.id.clone(), members: 0, text: Some(clip(&n.text)) }
+            })
+            .collect();
+        (ids.len(), nodes)
+    } else {
+        let mut ids: Vec<(&String, &crate::views::ClusterView)> =
+            view.clusters.iter().filter(|(_, c)| c.layer == layer).collect();
+        ids.sort_by(|a, b| a.0.cmp(b.0));
+        let nodes = ids
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(id, c)| crate::openapi::LayerNode {
+                id: id.to_string(),
+                members: c.members.len(),
+                text: c.summary.as_ref().map(|(t, _)| clip(t)),
+            })
+            .collect();
+        (ids.len(), nodes)
+    };
+    Ok(Json(crate::openapi::LayerPage { layer, total, offset, nodes, as_of: views.as_of }))
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.

@@ -30,7 +30,9 @@ use utoipa::ToSchema;
         Spaces,
         SpaceStats,
         Health,
-        Errors
+        Errors,
+        LayerPage,
+        LayerNode
     )),
     tags(
         (name = "memory", description = "records in, queries and the memory's nodes out"),
@@ -91,6 +93,26 @@ pub struct SpaceStats {
     pub as_of: Option<u64>,
 }
 
+/// What `GET /v1/spaces/{space}/layers/{layer}` answers.
+#[derive(Serialize, ToSchema)]
+pub struct LayerPage {
+    pub layer: u32,
+    /// Nodes in the layer.
+    pub total: usize,
+    pub offset: usize,
+    pub nodes: Vec<LayerNode>,
+    pub as_of: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LayerNode {
+    pub id: String,
+    /// A cluster's members (0 at layer 0).
+    pub members: usize,
+    /// The first words of the text or summary (`null`: a cluster waiting for its summary).
+    pub text: Option<String>,
+}
+
 /// What `/healthz` answers.
 #[derive(Serialize, ToSchema)]
 pub struct Health {
@@ -130,6 +152,7 @@ mod tests {
             "/v1/spaces/{space}/nodes/{id}",
             "/v1/spaces/{space}/summaries/pending",
             "/v1/spaces/{space}/events",
+            "/v1/spaces/{space}/layers/{layer}",
         ] {
             assert!(paths.contains(&p), "{p} is documented: {paths:?}");
         }

@@ -405,5 +405,5 @@ async fn the_openapi_document_is_served() {
     )
     .unwrap();
     assert_eq!(doc, committed);
-    assert_eq!(doc["paths"].as_object().unwrap().len(), 8);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 9);
 }

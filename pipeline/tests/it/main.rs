@@ -5,6 +5,7 @@ mod common;
 
 mod access;
 mod bench_scale;
+mod browser;
 mod cluster;
 mod embedders;
 mod eval;
