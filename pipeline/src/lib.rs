@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod eval;

@@ -43,6 +43,8 @@ enum Command {
     Log(LogArgs),
     /// MCP over stdio for a desktop client, relayed to a running engine's `/mcp` (streamable HTTP).
     Mcp(McpArgs),
+    /// Send record files to a running engine over HTTP, with progress (records, rate, the memory's frontier).
+    Ingest(engram::client::IngestArgs),
 }
 
 #[derive(Args)]
@@ -223,6 +225,12 @@ fn main() -> ExitCode {
         Command::Embed(args) => embed(args),
         Command::Token(cmd) => token(cmd),
         Command::Log(args) => log(args),
+        Command::Ingest(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(engram::client::run(args)))
+            .map(|_| ExitCode::SUCCESS),
         Command::Mcp(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

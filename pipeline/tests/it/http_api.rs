@@ -407,3 +407,36 @@ async fn the_openapi_document_is_served() {
     assert_eq!(doc, committed);
     assert_eq!(doc["paths"].as_object().unwrap().len(), 9);
 }
+
+/// `engram ingest` sends record files to a running engine in batches grouped by space, logs a plain progress line
+/// when stderr is not a terminal, and returns once the views hold its last receipt.
+#[tokio::test]
+async fn engram_ingest_sends_files_and_waits_for_the_views() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let examples = format!("{}/../examples", env!("CARGO_MANIFEST_DIR"));
+    let out = engram()
+        .args(["ingest", &format!("{examples}/news.jsonl"), &format!("{examples}/standup.jsonl")])
+        .args(["--url", &engine.api, "--batch", "10"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("ingest: 113/113 records"), "a plain progress line: {err}");
+    assert!(err.contains("ingested 113 records (113 accepted, 0 rejected)"), "{err}");
+    let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+    let nodes: Vec<(String, u64)> = spaces["spaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["space"].as_str().unwrap().to_string(), s["nodes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(nodes, [("news".to_string(), 59), ("standup".to_string(), 54)], "in the views when it returns");
+
+    // A record that names no space, without --space: a clear error naming the line; nothing sent.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"kind\":\"chunk\",\"doc\":\"a\",\"seq\":0,\"text\":\"x\"}\n").unwrap();
+    let out = engram().args(["ingest"]).arg(&bad).args(["--url", &engine.api]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.jsonl:1: the record names no space"));
+}
