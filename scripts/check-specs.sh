@@ -10,20 +10,20 @@ if ! command -v promtool >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 promtool check rules k8s/alerts.rules.yml
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-    python3 -m pip install -q kubernetes-validate
+# The Python checkers live in a cache of their own (reused by a later run; no system site-packages touched).
+py="${HOME}/.cache/engram/py"
+export PYTHONPATH="${py}${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c 'import kubernetes_validate, openapi_spec_validator' 2>/dev/null; then
+    python3 -m pip install -q --target "$py" kubernetes-validate openapi-spec-validator
 fi
 python3 -c 'import json, sys; json.load(open("k8s/dashboard.json"))'
 manifests=(k8s/configmap.yaml k8s/secret.yaml k8s/services.yaml k8s/statefulset.yaml k8s/networkpolicy.yaml k8s/prometheus.yaml)
 if command -v kubectl >/dev/null 2>&1 && kubectl kustomize k8s >/tmp/engram-k8s.yaml 2>/dev/null; then
-    kubernetes-validate --strict --quiet /tmp/engram-k8s.yaml
+    python3 -m kubernetes_validate --strict --quiet /tmp/engram-k8s.yaml
     echo "k8s: the kustomization renders $(grep -c '^kind:' /tmp/engram-k8s.yaml) objects, all valid"
 else
-    kubernetes-validate --strict --quiet "${manifests[@]}"
+    python3 -m kubernetes_validate --strict --quiet "${manifests[@]}"
     echo "k8s: ${#manifests[@]} manifests valid (no kubectl with kustomize here: not rendered)"
-fi
-if ! python3 -c 'import openapi_spec_validator' 2>/dev/null; then
-    python3 -m pip install -q openapi-spec-validator
 fi
 python3 -c 'import json; from openapi_spec_validator import validate; validate(json.load(open("docs/openapi.json")))'
 echo "docs/openapi.json: a valid OpenAPI 3.1 document"
