@@ -11,6 +11,7 @@ mod embedders;
 mod eval;
 mod events;
 mod events_llm;
+mod faults;
 mod hierarchy;
 mod hostile;
 mod http_api;
