@@ -102,3 +102,32 @@ async fn losing_a_process_fails_the_leader_loudly() {
     };
     assert_eq!(code, Some(1), "a failed engine exits non-zero");
 }
+
+/// The other way round: when process 0 is lost, a follower's workers die with it and the follower exits non-zero
+/// (it does not linger, reading its Kafka share into a memory nobody serves).
+#[tokio::test]
+async fn losing_the_leader_fails_the_follower_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let mut follower = engram()
+        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
+        .arg(dir.path().join("p1"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
+    let (status, _) = get(&format!("{}/healthz", leader.admin)).await;
+    assert_eq!(status, 200);
+    leader.kill9();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = follower.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(std::time::Instant::now() < deadline, "the follower kept running after losing process 0");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_ne!(code, Some(0), "a follower that lost its leader exits non-zero: {code:?}");
+}
