@@ -651,6 +651,8 @@ struct Page {
     offset: Option<usize>,
     /// How many entries (default 100, at most 1000).
     limit: Option<usize>,
+    /// Wait until the views hold this receipt or Kafka position.
+    after: Option<String>,
 }
 
 #[utoipa::path(get, path = "/v1/spaces/{space}/layers/{layer}", tag = "memory",
@@ -664,10 +666,13 @@ struct Page {
 async fn layer(
     State(s): State<Arc<Shared>>,
     Extension(grant): Extension<Grant>,
-    Path((space, layer)): Path<(String, u32)>,
-    Query(page): Query<Page>,
+    Path((space, layer)): Path<(String, String)>,
+    page: Result<Query<Page>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<crate::openapi::LayerPage>, AppError> {
     grant.require(Scope::Read, &space)?;
+    let layer: u32 = layer.parse().map_err(|_| AppError::bad_request(format!("layer `{layer}` is not a number")))?;
+    let Query(page) = page.map_err(|e| AppError::bad_request(format!("offset and limit are numbers: {e}")))?;
+    wait_for(&s, page.after.as_deref()).await?;
     let (offset, limit) = (page.offset.unwrap_or(0), page.limit.unwrap_or(100).clamp(1, 1000));
     let views = s.views();
     let view = space_view(&views, &space)?;

@@ -73,21 +73,27 @@ async fn two_processes_equal_one() {
     assert!(status.success());
 }
 
+/// A two-process cluster of one worker each: process 1 (a bare child) and process 0 (serving), both started.
+fn two_processes(dir: &std::path::Path) -> (std::process::Child, Engine) {
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let follower = engram()
+        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
+        .arg(dir.join("p1"))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let leader = Engine::start(&dir.join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
+    (follower, leader)
+}
+
 /// A cluster that loses a process fails loudly: process 0's worker dies with the lost peer, the engine is marked
 /// failed and the process exits non-zero instead of serving views that no longer follow its input.
 #[tokio::test]
 async fn losing_a_process_fails_the_leader_loudly() {
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
-    let hosts = hosts.to_str().unwrap();
-    let mut follower = engram()
-        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
-        .arg(dir.path().join("p1"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
+    let (mut follower, mut leader) = two_processes(dir.path());
     let (status, health) = get(&format!("{}/healthz", leader.admin)).await;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")), "{health}");
     follower.kill().unwrap();
@@ -108,16 +114,7 @@ async fn losing_a_process_fails_the_leader_loudly() {
 #[tokio::test]
 async fn losing_the_leader_fails_the_follower_loudly() {
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
-    let hosts = hosts.to_str().unwrap();
-    let mut follower = engram()
-        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
-        .arg(dir.path().join("p1"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
+    let (mut follower, mut leader) = two_processes(dir.path());
     let (status, _) = get(&format!("{}/healthz", leader.admin)).await;
     assert_eq!(status, 200);
     leader.kill9();

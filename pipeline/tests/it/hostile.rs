@@ -261,6 +261,8 @@ mod fuzz {
                 Just(format!("/v1/errors{q}")),
                 Just(format!("/healthz{q}")),
                 Just(format!("/mcp{q}")),
+                Just(format!("/v1/spaces/{a}/layers/{b}{q}")),
+                Just(format!("/v1/spaces/news/layers/1?offset={b}&limit={a}")),
                 Just(format!("/{a}/{b}")),
             ]
         })

@@ -440,3 +440,31 @@ async fn engram_ingest_sends_files_and_waits_for_the_views() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad.jsonl:1: the record names no space"));
 }
+
+/// A layer's page: ids in order, paged; bad path or query values are JSON errors.
+#[tokio::test]
+async fn a_layer_page_is_paged_and_its_parameters_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[]);
+    let body = [chunk("storm", 0, STORM), chunk("cup", 0, CUP), chunk("wall", 0, WALL)].join("\n");
+    let (_, r) = post(&format!("{}/v1/spaces/port/records", engine.api), body).await;
+    let url = |q: &str| format!("{}/v1/spaces/port/layers/{q}", engine.api);
+    let (status, page) = get(&url(&format!("0?after={}", r["receipt"].as_str().unwrap()))).await;
+    assert_eq!(status, 200, "{page}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut page = page;
+    while page["total"] != 3 {
+        assert!(std::time::Instant::now() < deadline, "{page}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        page = get(&url("0")).await.1;
+    }
+    let ids: Vec<&str> = page["nodes"].as_array().unwrap().iter().map(|n| n["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["cup#0", "storm#0", "wall#0"]);
+    let (_, second) = get(&url("0?offset=1&limit=1")).await;
+    assert_eq!(second["nodes"][0]["id"], "storm#0");
+    assert_eq!((second["offset"].as_u64(), second["nodes"].as_array().unwrap().len()), (Some(1), 1));
+    for bad in ["abc", "0?limit=many", "0?offset=-1"] {
+        let (status, e) = get(&url(bad)).await;
+        assert_eq!((status, e["error"]["code"].as_str()), (400, Some("bad_request")), "{bad}: {e}");
+    }
+}
