@@ -136,6 +136,9 @@ pub fn api(shared: Arc<Shared>) -> Router {
         .route("/openapi.json", get(move || async move { Json(doc.as_ref().clone()) }))
         .route("/browse", get(browser))
         .fallback(|| async { AppError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            AppError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+        })
         .merge(
             Router::new()
                 .nest_service("/mcp", crate::mcp::service(shared.clone()))

@@ -463,6 +463,10 @@ async fn a_layer_page_is_paged_and_its_parameters_checked() {
     let (_, second) = get(&url("0?offset=1&limit=1")).await;
     assert_eq!(second["nodes"][0]["id"], "storm#0");
     assert_eq!((second["offset"].as_u64(), second["nodes"].as_array().unwrap().len()), (Some(1), 1));
+    let r = crate::common::client().delete(url("0")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "method_not_allowed", "a wrong method is a JSON error too");
     for bad in ["abc", "0?limit=many", "0?offset=-1"] {
         let (status, e) = get(&url(bad)).await;
         assert_eq!((status, e["error"]["code"].as_str()), (400, Some("bad_request")), "{bad}: {e}");
