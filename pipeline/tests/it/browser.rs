@@ -199,3 +199,36 @@ fn urlencode(s: &str) -> String {
 fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
+
+/// With a model configured, the query page shows the model's answer above the evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_browser_shows_the_models_answer() {
+    use axum::routing::post as route_post;
+    let Some(bin) = chromium() else { return };
+    async fn chat(axum::Json(body): axum::Json<serde_json::Value>) -> axum::Json<serde_json::Value> {
+        let stage = body["response_format"]["json_schema"]["name"].as_str().unwrap_or("");
+        let content = match stage {
+            "answer" => serde_json::json!({"answer": "twenty six million pounds"}).to_string(),
+            _ => serde_json::json!({"summary": "a summary"}).to_string(),
+        };
+        axum::Json(serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}],
+                                      "usage": {"prompt_tokens": 10, "completion_tokens": 5}}))
+    }
+    let base = crate::common::serve(axum::Router::new().route("/v1/chat/completions", route_post(chat))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let news = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/news.jsonl");
+    let engine = Engine::start(dir.path(), &["--input", news.to_str().unwrap()], &crate::common::llm_env(&base));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, s) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if s["spaces"][0]["nodes"] == 59 && s["spaces"][0]["summaries_pending"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not settled: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = Browser { bin, profile: tempfile::tempdir().unwrap(), shots: dir.path().to_path_buf() };
+    let dom =
+        b.dom(&format!("{}/browse#/query/news?q=How%20much%20will%20the%20sea%20wall%20cost%3F&mode=flat", engine.api));
+    assert!(dom.contains("id=\"answer\"") && dom.contains("twenty six million pounds"), "{dom}");
+}
