@@ -509,7 +509,7 @@ mod tests {
                 x ^= x << 17;
                 let i = (x % 12) as i64;
                 match live.get(&i).copied() {
-                    Some(g) if x % 3 == 0 => {
+                    Some(g) if x.is_multiple_of(3) => {
                         batch.push((at(i, g), -1));
                         live.remove(&i);
                     }

@@ -226,7 +226,7 @@ mod tests {
     use super::*;
 
     fn rep(i: usize) -> Replica {
-        (format!("n{:02}", i / 2), if i % 2 == 0 { String::new() } else { format!("c{i}") })
+        (format!("n{:02}", i / 2), if i.is_multiple_of(2) { String::new() } else { format!("c{i}") })
     }
 
     /// Seeded random replica and edge inserts and deletes (slots freed and reused on the way): after every batch

@@ -140,7 +140,7 @@ pub fn parts<'a>(members: &[&'a str], max: usize) -> Vec<Vec<&'a str>> {
     let q = (max / 2).max(2) as u64;
     let min = (max / 4).max(1);
     let doc = |m: &str| -> usize { m.rfind('#').unwrap_or(m.len()) };
-    let cut = |key: &str| crate::hash::mixed(key.as_bytes()) % q == 0;
+    let cut = |key: &str| crate::hash::mixed(key.as_bytes()).is_multiple_of(q);
     let mut out: Vec<Vec<&str>> = vec![Vec::new()];
     let mut rest = members;
     while let Some(first) = rest.first() {
