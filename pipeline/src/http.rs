@@ -289,18 +289,9 @@ async fn ingest(
     check_space(&space)?;
     grant.require(Scope::Write, &space)?;
     let body = read_body(body, &headers, s.config.ingest.max_body_bytes).await?;
-    if let Some(reason) = s.failure() {
-        return Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_failed", reason));
-    }
     let trimmed = body.trim_ascii_start();
     let max = s.config.ingest.max_records_per_request;
-    let too_many = || {
-        AppError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_many_records",
-            format!("more than ingest.max-records-per-request = {max} records in one request; nothing was taken"),
-        )
-    };
+    let too_many = || too_many_records(max);
     let raws: Vec<Result<serde_json::Value, (Vec<u8>, String)>> = if trimmed.first() == Some(&b'[') {
         let mut de = serde_json::Deserializer::from_slice(trimmed);
         let values = serde::de::DeserializeSeed::deserialize(Capped(max), &mut de).and_then(|v| de.end().map(|()| v));
@@ -323,6 +314,15 @@ async fn ingest(
     Ok(Json(ingest_raws(s, grant, space, raws).await?).into_response())
 }
 
+/// 413 for a request over `ingest.max-records-per-request`: nothing of it is taken.
+fn too_many_records(max: usize) -> AppError {
+    AppError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_many_records",
+        format!("more than ingest.max-records-per-request = {max} records in one request; nothing was taken"),
+    )
+}
+
 /// Takes parsed records (or their parse errors) into `space` for `grant` (whose `Write` scope the caller checked):
 /// `{"receipt","accepted","rejected","rejected_total"}`.
 pub(crate) async fn ingest_raws(
@@ -339,11 +339,7 @@ pub(crate) async fn ingest_raws(
     }
     let max = s.config.ingest.max_records_per_request;
     if raws.len() > max {
-        return Err(AppError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_many_records",
-            format!("more than ingest.max-records-per-request = {max} records in one request; nothing was taken"),
-        ));
+        return Err(too_many_records(max));
     }
     let receipt = tokio::task::spawn_blocking(move || s.ingest_http(&space, raws, grant.quota()))
         .await

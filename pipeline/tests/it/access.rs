@@ -232,3 +232,23 @@ async fn a_token_made_by_the_cli_is_accepted() {
     let printed = String::from_utf8(hash.wait_with_output().unwrap().stdout).unwrap();
     assert!(table.contains(printed.trim()), "`token hash` gives the hash the table holds");
 }
+
+/// Bad arguments to the token and log commands are clear errors, and nothing is printed as a token.
+#[test]
+fn bad_token_and_log_arguments_are_clear_errors() {
+    let out =
+        engram().args(["token", "new", "--name", "desk", "--scope", "owner", "--spaces", "news"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no token for a bad scope");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected read, write or admin"));
+    let out = engram().args(["token", "new", "--name", "desk", "--spaces", "a/b"]).output().unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`a/b`"));
+    let hash = engram().args(["token", "hash"]).stdin(std::process::Stdio::null()).output().unwrap();
+    assert!(!hash.status.success());
+    assert!(String::from_utf8_lossy(&hash.stderr).contains("no token on stdin"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = engram().args(["log", "frobnicate", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected check or repair"));
+}

@@ -433,6 +433,13 @@ async fn engram_ingest_sends_files_and_waits_for_the_views() {
         .collect();
     assert_eq!(nodes, [("news".to_string(), 59), ("standup".to_string(), 54)], "in the views when it returns");
 
+    // Garbage lines go to the engine, which rejects them with their reasons; the good ones are taken.
+    let mixed = dir.path().join("mixed.jsonl");
+    std::fs::write(&mixed, "{\"space\":\"news\",\"kind\":\"chunk\",\"doc\":\"m\",\"seq\":0,\"text\":\"ok\"}\n{\"space\":\"news\",\"kind\":\"nope\"}\n").unwrap();
+    let out = engram().args(["ingest"]).arg(&mixed).args(["--url", &engine.api]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("ingested 2 records (1 accepted, 1 rejected)"), "{err}");
+
     // A record that names no space, without --space: a clear error naming the line; nothing sent.
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"kind\":\"chunk\",\"doc\":\"a\",\"seq\":0,\"text\":\"x\"}\n").unwrap();
