@@ -194,9 +194,21 @@ fn check(name: &str, got: &[BTreeSet<Row>], want: &[BTreeSet<Row>]) {
     }
 }
 
-/// `min_shrink`: 0.1 (the default) or 0 (CAM's bare stop rule); each test runs one.
+/// `min_shrink`: 0.1 (the default) or 0 (CAM's bare stop rule); each test runs one. Loose neighbours pooled (the
+/// default); [`cam_rule`] splits them.
 fn params(min_shrink: f64) -> HierarchyParams {
-    HierarchyParams { max_layers: 4, max_cluster_size: 6, lpa_rounds: 5, min_shrink }
+    HierarchyParams {
+        max_layers: 4,
+        max_cluster_size: 6,
+        lpa_rounds: 5,
+        min_shrink,
+        pool_loose_neighbours: true,
+        max_degree: 4,
+    }
+}
+
+fn cam_rule(min_shrink: f64) -> HierarchyParams {
+    HierarchyParams { pool_loose_neighbours: false, ..params(min_shrink) }
 }
 
 #[test]
@@ -208,6 +220,13 @@ fn dataflow_equals_sequential_with_1_and_3_workers() {
     assert!(layers.len() >= 2, "the workload must build at least two layers: {layers:?}");
     check("1 worker", &run_dataflow(&batches, &p, 1), &want);
     check("3 workers", &run_dataflow(&batches, &p, 3), &want);
+    let cam = cam_rule(0.0);
+    let want_cam = reference(&batches, &cam);
+    assert_ne!(want_cam.last(), want.last(), "pooling loose neighbours changes the clusters of this workload");
+    check("1 worker, CAM's ego rule", &run_dataflow(&batches, &cam, 1), &want_cam);
+    check("3 workers, CAM's ego rule", &run_dataflow(&batches, &cam, 3), &want_cam);
+    let uncut = HierarchyParams { max_degree: 1000, ..p.clone() };
+    assert_ne!(reference(&batches, &uncut).last(), want.last(), "the degree cut changes the upper layers");
 }
 
 #[test]

@@ -32,7 +32,14 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
             let h = hierarchy(
                 nodes.clone(),
                 edges,
-                &HierarchyParams { max_layers, max_cluster_size: 12, lpa_rounds: 6, min_shrink: 0.1 },
+                &HierarchyParams {
+                    max_layers,
+                    max_cluster_size: 12,
+                    lpa_rounds: 6,
+                    min_shrink: 0.1,
+                    pool_loose_neighbours: true,
+                    max_degree: 10,
+                },
             );
             let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
             sm.texts.inner.capture_into(ts);

@@ -139,6 +139,11 @@ pub struct HierarchyConfig {
     pub max_cluster_size: usize,
     pub lpa_rounds: usize,
     pub min_shrink: f64,
+    /// Neighbours that share no neighbour with the rest of a node's ego network are one context (one replica)
+    /// together; `false` gives each its own replica, as CAM does.
+    pub pool_loose_neighbours: bool,
+    /// Each cluster keeps its this-many strongest links in its layer's graph.
+    pub max_degree: usize,
     /// A cluster is summarised once its membership has been unchanged this long.
     #[serde(with = "humantime_serde")]
     pub summary_debounce: Duration,
@@ -156,6 +161,8 @@ impl HierarchyConfig {
             max_cluster_size: self.max_cluster_size,
             lpa_rounds: self.lpa_rounds,
             min_shrink: self.min_shrink,
+            pool_loose_neighbours: self.pool_loose_neighbours,
+            max_degree: self.max_degree,
         }
     }
 }

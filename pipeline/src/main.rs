@@ -12,6 +12,12 @@ use engram::config::{Config, Overrides};
 use engram::engine::{Engine, Place, Shared};
 use engram::{bench, http};
 
+/// mimalloc rather than the system allocator: the dataflow allocates and frees millions of small strings and
+/// vectors per epoch, and glibc's malloc spent a third of ingest in its own bookkeeping (`engram bench ingest`
+/// under perf: `_int_malloc`, `malloc_consolidate`, `unlink_chunk`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "engram",

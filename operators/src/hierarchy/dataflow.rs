@@ -42,7 +42,7 @@ where
     let (mut nodes, mut edges) = (nodes, edges);
     for layer in 1..=params.max_layers as u32 {
         let clusters = cluster_layer(layer, nodes.clone(), edges.clone(), params);
-        let (next_nodes, next_edges) = next_layer(edges.clone(), clusters.clone());
+        let (next_nodes, next_edges) = next_layer(edges.clone(), clusters.clone(), params.max_degree);
         // CAM's stop rule, per space: a layer that does not shrink (by `min-shrink`) ends the hierarchy.
         let below = nodes.map(|(s, _)| s).count();
         let above = next_nodes.clone().map(|(s, _)| s).count();
@@ -81,7 +81,7 @@ where
     let adj = edges.clone().flat_map(|(s, u, v, w)| [((s.clone(), u.clone()), (v.clone(), w)), ((s, v), (u, w))]);
     let pairs = adj.clone().map(|((s, a), (b, _))| ((s, a), b));
     // comp: ((s, v, a), component of v's ego network holding a).
-    let comp = ego_networks(edges);
+    let comp = ego_networks(edges, params.pool_loose_neighbours);
     // Replica edges: (u, comp(u, v)) — (v, comp(v, u)).
     let radj = adj
         .map(|((s, u), (v, w))| ((s, u, v), w))
@@ -125,7 +125,7 @@ where
 /// common neighbours of the endpoints, whose ego networks gained or lost a link — and emits the difference from what
 /// it emitted before. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions
 /// at 100k chunks); here the state is the adjacency and the emitted rows, O(edges).
-fn ego_networks<'s, T>(edges: Edges<'s, T>) -> VecCollection<'s, T, ((String, String, String), String)>
+fn ego_networks<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, ((String, String, String), String)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
@@ -135,7 +135,7 @@ where
         "EgoNetworks",
         |(s, _, _, _)| s,
         move |space, rows| {
-            let ego = spaces.entry(space.to_string()).or_default();
+            let ego = spaces.entry(space.to_string()).or_insert_with(|| Ego::new(pool));
             let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
             if ego.is_empty() {
                 spaces.remove(space);
@@ -203,10 +203,12 @@ where
     pairs.map(|(k, _)| k).distinct()
 }
 
-/// Layer L+1: its nodes (the clusters) and its edges (shared members, and layer-L edges between members).
+/// Layer L+1: its nodes (the clusters) and its edges (shared members, and layer-L edges between members), each
+/// cluster keeping its `max_degree` strongest ([`super::strongest`]).
 fn next_layer<'s, T>(
     edges: Edges<'s, T>,
     clusters: VecCollection<'s, T, ((String, String), String)>,
+    max_degree: usize,
 ) -> (Nodes<'s, T>, Edges<'s, T>)
 where
     T: Timestamp + Lattice + TotalOrder,
@@ -229,7 +231,16 @@ where
                 }
             })
             .filter(|(_, a, b)| a != b);
-    let edges = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, n as u64));
+    let links = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, n as u64));
+    // Per cluster, its links heaviest first (`u64::MAX - weight`, then the other end), the first `max_degree` kept;
+    // a link is an edge when either end keeps it (both ends emit the same row, and `distinct` makes it one).
+    let edges = links
+        .flat_map(|(s, a, b, w)| [((s.clone(), a.clone()), (u64::MAX - w, b.clone())), ((s, b), (u64::MAX - w, a))])
+        .reduce(move |_k, links: &[(&(u64, String), isize)], out: &mut Vec<((u64, String), isize)>| {
+            out.extend(links.iter().take(max_degree).map(|(l, _)| ((*l).clone(), 1)));
+        })
+        .map(|((s, a), (w, b))| if a < b { (s, a, b, u64::MAX - w) } else { (s, b, a, u64::MAX - w) })
+        .distinct();
     (nodes, edges)
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{active, anchors, cluster_id, ego_components, next_label, HierarchyParams, Replica};
+use super::{active, anchors, cluster_id, ego_components, next_label, strongest, HierarchyParams, Replica};
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub fn build(layer0: &Graph, params: &HierarchyParams) -> Vec<Clusters> {
     let mut graph = layer0.clone();
     for layer in 1..=params.max_layers as u32 {
         let clusters = cluster_layer(layer, &graph, params);
-        let next = next_layer(&graph, &clusters);
+        let next = next_layer(&graph, &clusters, params.max_degree);
         if !params.keeps(graph.nodes.len(), next.nodes.len()) {
             break;
         }
@@ -46,7 +46,7 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
                 .into_iter()
                 .flat_map(move |an| an.keys().filter(|b| nbrs.contains_key(*b)).map(move |b| (*a, *b)))
         });
-        for (a, c) in ego_components(nbrs.keys().copied(), links) {
+        for (a, c) in ego_components(nbrs.keys().copied(), links, params.pool_loose_neighbours) {
             comp.insert((v, a), c);
         }
     }
@@ -97,8 +97,9 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
         .collect()
 }
 
-/// The graph of the next layer: clusters linked by shared members and by edges between their members.
-pub fn next_layer(g: &Graph, clusters: &Clusters) -> Graph {
+/// The graph of the next layer: clusters linked by shared members and by edges between their members (weight: the
+/// number of such links), each cluster keeping its `max_degree` strongest links ([`strongest`]).
+pub fn next_layer(g: &Graph, clusters: &Clusters, max_degree: usize) -> Graph {
     let mut member_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (c, ms) in clusters {
         for m in ms {
@@ -126,6 +127,18 @@ pub fn next_layer(g: &Graph, clusters: &Clusters) -> Graph {
             }
         }
     }
+    let mut links: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    for ((a, b), w) in &edges {
+        links.entry(a).or_default().push((*w, b));
+        links.entry(b).or_default().push((*w, a));
+    }
+    let mut kept: BTreeSet<(String, String)> = BTreeSet::new();
+    for (a, ls) in &links {
+        for b in strongest(ls.iter().copied(), max_degree) {
+            kept.insert(if *a < b { (a.to_string(), b.to_string()) } else { (b.to_string(), a.to_string()) });
+        }
+    }
+    let edges = edges.into_iter().filter(|(k, _)| kept.contains(k)).collect();
     Graph { nodes: clusters.keys().cloned().collect(), edges }
 }
 

@@ -144,7 +144,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         }
         grown = fed.len();
         let rss = rss_bytes();
-        let (nodes, events, relations, topics, layers) = counts(&shared, &space);
+        let (nodes, events, relations, topics, layers, degrees) = counts(&shared, &space);
         let latency = query_latency(&shared, &space, &fed, &mut questions, args.queries);
         let fresh = freshness(&shared, &mut corpus, &mut fed, args.stream_rate, args.stream_seconds)?;
         let point = json!({
@@ -153,7 +153,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             "chunks_per_second": records as f64 / seconds,
             "rss_bytes": rss, "rss_bytes_per_chunk": rss.saturating_sub(baseline) as f64 / nodes.max(1) as f64,
             "events": events, "relations": relations, "relations_per_event": relations as f64 / events.max(1) as f64,
-            "topics": topics, "layers": layers, "query_ms": latency, "freshness_ms": fresh,
+            "topics": topics, "layers": layers, "layer_degrees": degrees, "query_ms": latency, "freshness_ms": fresh,
         });
         eprintln!("{point}");
         points.push(Point { size: grown, records, seconds, json: point });
@@ -214,11 +214,22 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
 }
 
 /// (layer-0 nodes, events, relations, topics, nodes per layer).
-fn counts(shared: &Shared, space: &str) -> (usize, usize, usize, usize, Vec<usize>) {
+fn counts(shared: &Shared, space: &str) -> (usize, usize, usize, usize, Vec<usize>, Vec<f64>) {
     let views = shared.views();
-    let Some(v) = views.spaces.get(space) else { return (0, 0, 0, 0, Vec::new()) };
+    let Some(v) = views.spaces.get(space) else { return (0, 0, 0, 0, Vec::new(), Vec::new()) };
     let topics: std::collections::HashSet<&String> = v.topic_of.values().collect();
-    (v.nodes.len(), v.events.len(), v.relations.len(), topics.len(), v.layer_counts())
+    let layers = v.layer_counts();
+    // Mean degree per layer: how dense each layer's graph is.
+    let mut links = vec![0usize; layers.len()];
+    for (id, nbrs) in &v.adjacency {
+        let layer = v.clusters.get(id).map_or(0, |c| c.layer as usize);
+        if let Some(l) = links.get_mut(layer) {
+            *l += nbrs.len();
+        }
+    }
+    let degrees =
+        links.iter().zip(&layers).map(|(l, n)| (*l as f64 / (*n).max(1) as f64 * 10.0).round() / 10.0).collect();
+    (v.nodes.len(), v.events.len(), v.relations.len(), topics.len(), layers, degrees)
 }
 
 /// p50 and p95 (ms) of `n` queries per mode, without a model: questions from the news generator, or the opening
