@@ -253,6 +253,28 @@ pub struct QueryConfig {
     pub max_budget_words: usize,
     /// Most subgoals a question may split into without a model (each is a pass over the space).
     pub max_subgoals: usize,
+    /// A space with at least this many layer-0 nodes is read through a nearest-neighbour index; a smaller one
+    /// exactly, node by node.
+    pub exhaustive_below: usize,
+    /// Over an indexed space: the nearest nodes by cosine, and the best by BM25, that retrieval reads (each).
+    pub candidates: usize,
+    /// The index (hnsw_rs): links per node, and candidate lists while inserting and searching.
+    pub ann_max_connections: usize,
+    pub ann_ef_construction: usize,
+    pub ann_ef_search: usize,
+}
+
+impl QueryConfig {
+    /// The views' index parameters.
+    pub fn ann(&self) -> crate::ann::AnnParams {
+        crate::ann::AnnParams {
+            exhaustive_below: self.exhaustive_below,
+            max_connections: self.ann_max_connections,
+            ef_construction: self.ann_ef_construction,
+            ef_search: self.ann_ef_search,
+            candidates: self.candidates,
+        }
+    }
 }
 
 /// Values given on the command line; each overrides its key.
@@ -482,6 +504,21 @@ impl Config {
             errs.push("query.default-budget-words must be positive".into());
         }
         let q = &self.query;
+        if q.exhaustive_below < 1024 {
+            errs.push(format!("query.exhaustive-below = {} must be at least 1024", q.exhaustive_below));
+        }
+        if !(16..=100_000).contains(&q.candidates) {
+            errs.push(format!("query.candidates = {} must be in 16..=100000", q.candidates));
+        }
+        if !(2..=256).contains(&q.ann_max_connections) {
+            errs.push(format!("query.ann-max-connections = {} must be in 2..=256", q.ann_max_connections));
+        }
+        if !(1..=10_000).contains(&q.ann_ef_construction) || !(1..=10_000).contains(&q.ann_ef_search) {
+            errs.push(format!(
+                "query.ann-ef-construction = {} and query.ann-ef-search = {} must be in 1..=10000",
+                q.ann_ef_construction, q.ann_ef_search
+            ));
+        }
         if !(1..=100_000).contains(&q.max_k) || q.default_k > q.max_k {
             errs.push(format!(
                 "query.max-k = {} must be in 1..=100000 and at least query.default-k = {}",

@@ -1,6 +1,7 @@
 //! engram's pipeline: configuration, the engine (timely wiring and epochs), views, the HTTP API, metrics, and the
 //! bench command. The `engram` binary is a thin CLI over this library.
 
+pub mod ann;
 pub mod auth;
 pub mod bench;
 pub mod client;

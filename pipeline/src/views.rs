@@ -67,6 +67,11 @@ pub struct ClusterView {
 #[derive(Default, Clone)]
 pub struct SpaceView {
     pub nodes: HashMap<String, (Node, Embedding)>,
+    /// The nearest-neighbour index over `nodes`, once the space holds `query.exhaustive-below` of them: retrieval then
+    /// reads candidates from it instead of every node ([`crate::ann`]).
+    pub ann: crate::ann::AnnSlot,
+    /// Speaker → how many layer-0 nodes they said (a question naming a speaker is matched against these).
+    pub speakers: BTreeMap<String, usize>,
     /// BM25 over the layer-0 texts (hybrid retrieval).
     pub lexical: operators::lexical::LexicalIndex,
     /// Document → its layer-0 nodes by position (a turn's or chunk's neighbours in reading order).
@@ -140,11 +145,20 @@ impl SpaceView {
         };
     }
 
-    fn apply_node(&mut self, node: Node, emb: Embedding, d: isize) {
+    fn apply_node(&mut self, node: Node, emb: Embedding, d: isize, ann: &crate::ann::AnnParams) {
         if d > 0 {
             self.lexical.insert(&node.id, &node.text);
             self.order.entry(node.doc.clone()).or_default().insert(node.pos, node.id.clone());
+            if let Some(s) = &node.speaker {
+                *self.speakers.entry(s.clone()).or_default() += 1;
+            }
+            if let Some(a) = self.ann.as_mut() {
+                a.insert(&node.id, &emb);
+            }
             self.nodes.insert(node.id.clone(), (node, emb));
+            if self.ann.is_none() && self.nodes.len() >= ann.exhaustive_below {
+                *self.ann = Some(crate::ann::NodeAnn::build(ann, self.nodes.iter().map(|(id, (_, e))| (id, e))));
+            }
         } else if self.nodes.get(&node.id).is_some_and(|(n, _)| *n == node) {
             self.lexical.remove(&node.id);
             if let Some(o) = self.order.get_mut(&node.doc) {
@@ -155,8 +169,23 @@ impl SpaceView {
                     self.order.remove(&node.doc);
                 }
             }
+            if let Some(s) = &node.speaker {
+                if let Some(n) = self.speakers.get_mut(s) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.speakers.remove(s);
+                    }
+                }
+            }
             self.nodes.remove(&node.id);
             self.with_before.remove(&node.id);
+            let rebuild = self.ann.as_mut().is_some_and(|a| a.remove(&node.id));
+            if self.nodes.len() < ann.exhaustive_below / 2 {
+                *self.ann = None;
+            } else if rebuild {
+                let nodes = &self.nodes;
+                *self.ann = self.ann.as_ref().map(|a| a.rebuilt(|id| nodes.get(id).map(|(_, e)| e)));
+            }
         }
     }
 
@@ -278,6 +307,8 @@ pub struct Views {
     /// The last epoch whose every update is applied; `None` before the first.
     pub as_of: Option<u64>,
     pub spaces: BTreeMap<String, SpaceView>,
+    /// When a space's layer-0 nodes are indexed for retrieval, and how.
+    pub ann: crate::ann::AnnParams,
     pub errors_total: u64,
     pub recent_errors: VecDeque<ErrorRow>,
     /// Source → the highest offset the views hold.
@@ -315,7 +346,7 @@ impl Views {
             match u {
                 ViewUpdate::Node(space, node, emb) => {
                     moved.insert((space.clone(), node.doc.clone(), node.pos));
-                    self.spaces.entry(space).or_default().apply_node(node, emb, d);
+                    self.spaces.entry(space).or_default().apply_node(node, emb, d, &self.ann);
                 }
                 ViewUpdate::Edge(e) => self.spaces.entry(e.space.clone()).or_default().apply_edge(e, d),
                 ViewUpdate::Cluster(space, layer, c, m) => {

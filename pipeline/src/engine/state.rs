@@ -179,7 +179,7 @@ impl Shared {
             spaces: Mutex::new(spaces),
             access,
             resume,
-            views: RwLock::new(Views::default()),
+            views: RwLock::new(Views { ann: config.query.ann(), ..Views::default() }),
             as_of,
             metrics,
             shutdown: AtomicBool::new(false),

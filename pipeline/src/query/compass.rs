@@ -1,6 +1,6 @@
 //! CompassMem's retrieval: a Planner, Explorers walking the event graph, a Responder.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde_json::json;
 
@@ -190,8 +190,15 @@ impl<'a> Explorer<'a> {
     /// One subgoal's walk: the seeds, then up to two hops along typed relations (each hop worth 0.8 of the event it
     /// came from); the kept events with their scores.
     fn explore(&self, goal: &str, rel: &Relevance, trace: &mut Vec<serde_json::Value>) -> BTreeMap<&'a str, f32> {
-        let mut ranked: Vec<(f32, &str)> =
-            self.view.events.keys().map(|id| (self.score(rel, id), id.as_str())).collect();
+        // Every event; over an indexed space, the events of the candidates.
+        let events: Vec<&'a str> = if rel.partial() {
+            let ids: BTreeSet<&'a str> =
+                rel.ids().filter_map(|t| self.view.event_of.get(t)).map(String::as_str).collect();
+            ids.into_iter().filter(|e| self.view.events.contains_key(*e)).collect()
+        } else {
+            self.view.events.keys().map(String::as_str).collect()
+        };
+        let mut ranked: Vec<(f32, &str)> = events.into_iter().map(|id| (self.score(rel, id), id)).collect();
         ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         let best = ranked.first().map_or(0.0, |r| r.0);
         let mut by_model = false;

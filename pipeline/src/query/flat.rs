@@ -16,10 +16,19 @@ pub fn flat(
     budget_words: usize,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
     let q = embedder.embed(query);
-    let mut scored: Vec<(f32, &Node)> = view.nodes.values().map(|(n, e)| (q.dot(e), n)).collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    let order = |a: &(f32, &Node), b: &(f32, &Node)| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id));
+    // An indexed space is read through its nearest-neighbour index; a smaller one exactly.
+    let mut scored: Vec<(f32, &Node)> = match view.ann.as_ref() {
+        Some(ann) => ann.search(&q, k).into_iter().filter_map(|(s, id)| Some((s, &view.nodes.get(id)?.0))).collect(),
+        None => view.nodes.values().map(|(n, e)| (q.dot(e), n)).collect(),
+    };
+    if scored.len() > k && k > 0 {
+        scored.select_nth_unstable_by(k - 1, order);
+    }
     scored.truncate(k);
-    let mut trace = vec![json!({"step": "seed", "mode": "flat", "k": k, "candidates": view.nodes.len()})];
+    scored.sort_by(order);
+    let how = if view.ann.is_some() { "nearest-neighbour index" } else { "every node" };
+    let mut trace = vec![json!({"step": "seed", "mode": "flat", "k": k, "candidates": view.nodes.len(), "read": how})];
     let mut out = Vec::new();
     let mut words = 0;
     for (score, node) in scored {

@@ -33,13 +33,22 @@ pub fn prune_and_grow(
         }
         rel.cluster(view, view.clusters.get(id)?)
     };
-    let mut all: Vec<(f32, &str)> = view
-        .nodes
-        .keys()
-        .map(String::as_str)
-        .chain(view.clusters.keys().map(String::as_str))
-        .filter_map(|id| score(id).map(|s| (s, id)))
-        .collect();
+    // Every node of every layer; over an indexed space, the candidates and the clusters above them.
+    let ids: Vec<&str> = if rel.partial() {
+        let mut ids: BTreeSet<&str> = rel.ids().collect();
+        let mut frontier: Vec<&str> = ids.iter().copied().collect();
+        while let Some(id) = frontier.pop() {
+            for p in view.parents.get(id).into_iter().flatten() {
+                if ids.insert(p.as_str()) {
+                    frontier.push(p.as_str());
+                }
+            }
+        }
+        ids.into_iter().collect()
+    } else {
+        view.nodes.keys().map(String::as_str).chain(view.clusters.keys().map(String::as_str)).collect()
+    };
+    let mut all: Vec<(f32, &str)> = ids.into_iter().filter_map(|id| score(id).map(|s| (s, id))).collect();
     all.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
     let seeds: BTreeSet<&str> = all.iter().take(k).map(|x| x.1).collect();
     let mut trace = vec![json!({"step": "seed", "mode": "prune-and-grow", "seeds": seeds, "names": rel.names,

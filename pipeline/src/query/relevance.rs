@@ -16,7 +16,7 @@
 //! likeliest; and it scores at least [`CONTEXT`] × the score of its neighbour in the document (the turn before or
 //! after it, the chunk beside it) — an answer follows its question.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use operators::{Embedder, Embedding, Node};
 
@@ -53,6 +53,40 @@ pub struct Relevance<'a> {
     scores: Vec<f32>,
     /// The speakers the question names.
     pub names: Vec<&'a str>,
+    /// Only candidates were scored ([`Self::partial`]).
+    partial: bool,
+}
+
+/// An indexed space's candidates, grouped by document in position order: the `ann.candidates()` nearest nodes by
+/// cosine, the as many best by BM25, and the nodes just before and after each in its document (its context, and the
+/// node its cosine is read together with).
+fn candidates<'a>(
+    view: &'a SpaceView,
+    ann: &'a crate::ann::NodeAnn,
+    query: &Embedding,
+    lexical: &HashMap<&'a str, f32>,
+) -> Vec<Vec<(i64, &'a String)>> {
+    let c = ann.candidates();
+    let mut by_bm25: Vec<(f32, &str)> = lexical.iter().map(|(id, s)| (*s, *id)).collect();
+    if by_bm25.len() > c {
+        by_bm25.select_nth_unstable_by(c, |a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        by_bm25.truncate(c);
+    }
+    let hits = ann.search(query, c).into_iter().chain(by_bm25).map(|(_, id)| id);
+    let mut docs: HashMap<&'a str, BTreeMap<i64, &'a String>> = HashMap::new();
+    for id in hits {
+        let Some((n, _)) = view.nodes.get(id) else { continue };
+        let Some(order) = view.order.get(&n.doc) else { continue };
+        let doc = docs.entry(n.doc.as_str()).or_default();
+        let around = order.range(..n.pos).next_back().into_iter().chain(order.range(n.pos..).take(2));
+        for (p, id) in around {
+            doc.insert(*p, id);
+        }
+    }
+    let mut out: Vec<(&str, Vec<(i64, &String)>)> =
+        docs.into_iter().map(|(d, o)| (d, o.into_iter().collect())).collect();
+    out.sort_by(|a, b| a.0.cmp(b.0));
+    out.into_iter().map(|(_, o)| o).collect()
 }
 
 /// A positive normaliser: the best score, or 1 when nothing scored above 0.
@@ -70,18 +104,39 @@ impl<'a> Relevance<'a> {
     }
 
     pub fn with_embedding(view: &'a SpaceView, query: Embedding, question: &str) -> Self {
+        let asked: HashSet<String> = operators::embed::words(question).into_iter().collect();
+        let names: Vec<&'a str> = view
+            .speakers
+            .keys()
+            .map(String::as_str)
+            .filter(|s| {
+                let ws = operators::embed::words(s);
+                !ws.is_empty() && ws.iter().all(|w| asked.contains(w))
+            })
+            .collect();
+        // A named speaker counts through the turns they said, not through the turns that say their name (mostly
+        // the other speaker, addressing them): the names leave the lexical query.
+        let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
+        let terms: Vec<String> =
+            operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
+        let lexical = view.lexical.search_terms(&terms);
         // Every layer-0 node once, each document in position order and cut into segments (runs of positions one step
         // apart), so that context is a neighbour in a vector, not a lookup; a node the order does not hold (a
-        // position two nodes claim) is a segment of its own.
+        // position two nodes claim) is a segment of its own. Over an indexed space, only the candidates: the
+        // nearest by cosine, the best by BM25, and the nodes beside each in its document.
+        let docs: Vec<Vec<(i64, &'a String)>> = match view.ann.as_ref() {
+            None => view.order.values().map(|o| o.iter().map(|(p, id)| (*p, id)).collect()).collect(),
+            Some(ann) => candidates(view, ann, &query, &lexical),
+        };
         let step = operators::model::POSITION_SCALE;
-        let mut nodes: Vec<(&'a str, &'a Node)> = Vec::with_capacity(view.nodes.len());
-        let mut dense: Vec<f32> = Vec::with_capacity(view.nodes.len());
+        let mut nodes: Vec<(&'a str, &'a Node)> = Vec::with_capacity(docs.iter().map(Vec::len).sum());
+        let mut dense: Vec<f32> = Vec::with_capacity(nodes.capacity());
         let mut starts: Vec<usize> = Vec::new();
-        for order in view.order.values() {
+        for order in &docs {
             // (position, cosine) of the node before.
             let mut last: Option<(i64, f32)> = None;
             for (p, id) in order {
-                let Some((id, (n, e))) = view.nodes.get_key_value(id) else {
+                let Some((id, (n, e))) = view.nodes.get_key_value(*id) else {
                     last = None;
                     continue;
                 };
@@ -100,7 +155,8 @@ impl<'a> Relevance<'a> {
                 last = Some((*p, d));
             }
         }
-        if nodes.len() < view.nodes.len() {
+        let partial = view.ann.is_some();
+        if !partial && nodes.len() < view.nodes.len() {
             let seen: HashSet<&str> = nodes.iter().map(|(id, _)| *id).collect();
             for (id, (n, e)) in &view.nodes {
                 if !seen.contains(id.as_str()) {
@@ -111,23 +167,6 @@ impl<'a> Relevance<'a> {
             }
         }
         starts.push(nodes.len());
-        let asked: HashSet<String> = operators::embed::words(question).into_iter().collect();
-        let mut speakers: Vec<&'a str> =
-            view.nodes.values().filter_map(|(n, _)| n.speaker.as_deref()).collect::<HashSet<_>>().into_iter().collect();
-        speakers.sort_unstable();
-        let names: Vec<&'a str> = speakers
-            .into_iter()
-            .filter(|s| {
-                let ws = operators::embed::words(s);
-                !ws.is_empty() && ws.iter().all(|w| asked.contains(w))
-            })
-            .collect();
-        // A named speaker counts through the turns they said, not through the turns that say their name (mostly
-        // the other speaker, addressing them): the names leave the lexical query.
-        let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
-        let terms: Vec<String> =
-            operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
-        let lexical = view.lexical.search_terms(&terms);
         let max_dense = norm(dense.iter().copied().fold(0.0, f32::max));
         let max_lexical = norm(lexical.values().copied().fold(0.0, f32::max));
         let mut own: Vec<f32> = nodes
@@ -160,7 +199,18 @@ impl<'a> Relevance<'a> {
             }
         }
         let index = nodes.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
-        Relevance { query, terms, max_dense, max_lexical, top, nodes, index, dense, scores, names }
+        Relevance { query, terms, max_dense, max_lexical, top, nodes, index, dense, scores, names, partial }
+    }
+
+    /// Whether only candidates were scored (an indexed space): a node [`Self::of`] does not know is then not scored,
+    /// rather than not live.
+    pub fn partial(&self) -> bool {
+        self.partial
+    }
+
+    /// The layer-0 nodes scored.
+    pub fn ids(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.nodes.iter().map(|(id, _)| *id)
     }
 
     /// A layer-0 node's cosine in context (mixed with it and the node before it read together), unnormalised.
@@ -241,6 +291,68 @@ mod tests {
         ("D1:5", "Ana", "Blue, with white spots."),
         ("D2:1", "Ben", "Morning! Any plans for the holidays?"),
     ];
+
+    /// A space of 3,000 turns, read exactly and through the index: the candidates hold the exact ranking's best
+    /// (by cosine, by BM25 and in context), each scored as the exact pass scores it, and far fewer than every node.
+    #[test]
+    fn an_indexed_space_scores_its_candidates_as_the_exact_pass_does() {
+        let e = HashEmbedder::default();
+        let topics = ["pottery kiln glaze", "sailing harbour wind", "budget invoice audit", "garden tomato soil"];
+        let turns: Vec<(String, String, String)> = (0..3000)
+            .map(|i| {
+                let speaker = ["Ana", "Ben", "Cleo"][i % 3].to_string();
+                let text = format!("{} number {} said {}", topics[(i / 7) % 4], i % 50, ["yes", "no", "maybe"][i % 3]);
+                (format!("D{}:{}", i / 300 + 1, i % 300 + 1), speaker, text)
+            })
+            .collect();
+        let build = |ann: crate::ann::AnnParams| {
+            let mut v = Views { ann, ..Views::default() };
+            let updates = turns
+                .iter()
+                .map(|(id, speaker, text)| {
+                    let node = Node {
+                        id: format!("c#{id}"),
+                        kind: NodeKind::Turn,
+                        doc: "c".into(),
+                        pos: operators::ingest::turn_position(id) * operators::model::POSITION_SCALE,
+                        text: text.clone(),
+                        speaker: Some(speaker.clone()),
+                        ts: None,
+                    };
+                    let emb = e.embed(&node.embedding_text());
+                    (ViewUpdate::Node("s".into(), node, emb), 1)
+                })
+                .collect();
+            v.apply(updates);
+            v
+        };
+        let exact = build(crate::ann::AnnParams::default());
+        let indexed = build(crate::ann::AnnParams { exhaustive_below: 1000, candidates: 64, ..Default::default() });
+        assert!(exact.spaces["s"].ann.is_none() && indexed.spaces["s"].ann.is_some());
+        let q = "what did Ben say about the harbour wind, number 17";
+        let all = Relevance::new(&exact.spaces["s"], &e, q);
+        let some = Relevance::new(&indexed.spaces["s"], &e, q);
+        assert!(!all.partial() && some.partial());
+        let n = some.ids().count();
+        assert!(n < 600 && n >= 64, "{n} candidates");
+        assert_eq!(some.names, vec!["Ben"]);
+        let (best, top) = (all.ranked()[0].1.id.clone(), all.ranked()[0].0);
+        assert_eq!(some.ranked()[0].1.id, best, "the exact best is a candidate and ranks first");
+        assert!((some.ranked()[0].0 - top).abs() < 0.05, "{} {top}", some.ranked()[0].0);
+        for (_, node) in all.ranked().into_iter().take(10) {
+            assert!(some.of(&node.id).is_some(), "{} of the exact top 10 is not a candidate", node.id);
+        }
+        // flat over the index finds the exact top-k cosines (an easy space: the walk is exact here; the space is
+        // full of identical turns, so which of the tied ids is another matter).
+        let flat = |v: &Views| {
+            let (ev, _) = crate::query::flat::flat(&v.spaces["s"], &e, q, 5, 500);
+            ev.into_iter().map(|x| (x.score * 1e4).round() as i64).collect::<Vec<_>>()
+        };
+        assert_eq!(flat(&indexed), flat(&exact));
+        // A copy of the view (what a model-guided query reads) has no index and is read exactly.
+        let copy = indexed.spaces["s"].clone();
+        assert!(copy.ann.is_none() && !Relevance::new(&copy, &e, q).partial());
+    }
 
     #[test]
     fn inflections_match_and_the_named_speaker_ranks_up() {
