@@ -627,7 +627,9 @@ mod tests {
         let e = load(
             Some(concat!(
                 "[similarity]\nmax-reverse-classes = 4\n",
-                "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n"
+                "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n",
+                "[hierarchy]\nmax-degree = 0\n",
+                "[query]\nexhaustive-below = 10\ncandidates = 1\nann-max-connections = 1\nann-ef-search = 0\n"
             )),
             &[],
         )
@@ -638,6 +640,11 @@ mod tests {
             "events.merge-neighbours",
             "events.relation-window",
             "events.max-relations-per-event",
+            "hierarchy.max-degree",
+            "query.exhaustive-below",
+            "query.candidates",
+            "query.ann-max-connections",
+            "query.ann-ef-search",
         ] {
             assert!(msg.contains(key), "{key}: {msg}");
         }

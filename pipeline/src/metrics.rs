@@ -33,6 +33,9 @@ pub struct Metrics {
     pub unauthorized: IntCounter,
     /// Appends to the input log that failed (nothing of them was acknowledged).
     pub input_log_failures: IntCounter,
+    /// Changes applied to the views, by kind (node, edge, cluster, layer-edge, summary, event, …) and layer (of the
+    /// hierarchy's kinds; "" for the others): how much of the memory an epoch rewrites, and where.
+    pub view_updates: IntCounterVec,
 }
 
 impl Metrics {
@@ -98,6 +101,11 @@ impl Metrics {
             "Cluster summaries reused from an earlier summary of a part of the same content (no model call)",
         )
         .expect("metric");
+        let view_updates = IntCounterVec::new(
+            Opts::new("engram_view_updates_total", "Changes applied to the views, by kind and hierarchy layer"),
+            &["kind", "layer"],
+        )
+        .expect("metric");
         let llm = connectors::openai::LlmMetrics::new(&registry).expect("LLM metrics");
         let embedder_requests = connectors::openai::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding")
             .expect("embedder metrics");
@@ -121,6 +129,7 @@ impl Metrics {
             Box::new(input_log_fsync.clone()),
             Box::new(unauthorized.clone()),
             Box::new(input_log_failures.clone()),
+            Box::new(view_updates.clone()),
         ] {
             registry.register(m).expect("register metric");
         }
@@ -139,6 +148,7 @@ impl Metrics {
             input_log_fsync,
             unauthorized,
             input_log_failures,
+            view_updates,
             clusters,
             summary_backlog,
             summaries_reused,
@@ -188,6 +198,7 @@ impl Metrics {
             Box::new(self.input_log_fsync.clone()),
             Box::new(self.unauthorized.clone()),
             Box::new(self.input_log_failures.clone()),
+            Box::new(self.view_updates.clone()),
             Box::new(self.embedder.texts.clone()),
             Box::new(self.embedder.batch_seconds.clone()),
             Box::new(self.embedder.cached.clone()),

@@ -35,6 +35,40 @@ pub enum ViewUpdate {
     Position(String, u64),
 }
 
+impl ViewUpdate {
+    /// The layer of a change to the hierarchy (layer-0 nodes and edges: 0; clusters, their edges and summaries:
+    /// theirs), as `engram_view_updates_total` labels it; "" for the others.
+    pub fn layer(&self) -> &'static str {
+        const LAYERS: [&str; 12] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11+"];
+        let l = match self {
+            ViewUpdate::Node(..) | ViewUpdate::Edge(_) => 0,
+            ViewUpdate::Cluster(_, l, _, _)
+            | ViewUpdate::LayerEdge(_, l, _, _, _)
+            | ViewUpdate::Summary(_, l, _, _) => *l as usize,
+            _ => return "",
+        };
+        LAYERS[l.min(LAYERS.len() - 1)]
+    }
+
+    /// The kind of change, as `engram_view_updates_total` labels it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ViewUpdate::Node(..) => "node",
+            ViewUpdate::Edge(_) => "edge",
+            ViewUpdate::Error(_) => "error",
+            ViewUpdate::Cluster(..) => "cluster",
+            ViewUpdate::LayerEdge(..) => "layer-edge",
+            ViewUpdate::Summary(..) => "summary",
+            ViewUpdate::Request(..) => "request",
+            ViewUpdate::Event(..) => "event",
+            ViewUpdate::Relation(..) => "relation",
+            ViewUpdate::Merge(..) => "merge",
+            ViewUpdate::Topic(..) => "topic",
+            ViewUpdate::Position(..) => "position",
+        }
+    }
+}
+
 /// The text an event is embedded by in the views (for `compass`): its summary and people.
 pub fn event_text(e: &operators::events::EventRow) -> String {
     format!("{} ({})", e.summary, e.people.join(", "))

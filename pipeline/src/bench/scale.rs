@@ -276,6 +276,20 @@ fn freshness(
     if total == 0 {
         return Ok(Value::Null);
     }
+    // Every (kind, layer) the views count, summed over the labels seen.
+    let changes = || -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for m in prometheus::core::Collector::collect(&shared.metrics.view_updates) {
+            for c in m.get_metric() {
+                let label = |n: &str| c.get_label().iter().find(|l| l.name() == n).map(|l| l.value().to_string());
+                let (kind, layer) = (label("kind").unwrap_or_default(), label("layer").unwrap_or_default());
+                let key = if layer.is_empty() { kind } else { format!("{kind}@{layer}") };
+                *out.entry(key).or_default() += c.get_counter().get_value() as u64;
+            }
+        }
+        out
+    };
+    let before = changes();
     let started = Instant::now();
     let mut waiting: VecDeque<(u64, Instant)> = VecDeque::new();
     let mut ms = Vec::new();
@@ -302,7 +316,16 @@ fn freshness(
         std::thread::sleep(Duration::from_micros(500));
     }
     settle(shared, POLL);
+    // What the stream rewrote in the views, per streamed record, by kind: churn beyond the records themselves.
+    let per_record: serde_json::Map<String, Value> = changes()
+        .into_iter()
+        .map(|(k, now)| {
+            let n = now - before.get(&k).copied().unwrap_or(0);
+            (k, json!((n as f64 / ms.len().max(1) as f64 * 10.0).round() / 10.0))
+        })
+        .filter(|(_, v)| v.as_f64() != Some(0.0))
+        .collect();
     ms.sort_by(f64::total_cmp);
     Ok(json!({"records": ms.len(), "p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95),
-              "max": ms.last().copied().unwrap_or(0.0)}))
+              "max": ms.last().copied().unwrap_or(0.0), "view_updates_per_record": per_record}))
 }

@@ -160,6 +160,17 @@ fn views_sink<'s>(
                 for t in ready {
                     let mut updates = pending.remove(&t).expect("ready time");
                     differential_dataflow::consolidation::consolidate(&mut updates);
+                    let mut kinds: Vec<((&'static str, &'static str), u64)> = Vec::new();
+                    for (u, _) in &updates {
+                        let k = (u.kind(), u.layer());
+                        match kinds.iter_mut().find(|x| x.0 == k) {
+                            Some(x) => x.1 += 1,
+                            None => kinds.push((k, 1)),
+                        }
+                    }
+                    for ((kind, layer), n) in kinds {
+                        shared.metrics.view_updates.with_label_values(&[kind, layer]).inc_by(n);
+                    }
                     if shared.outputs.wants_changes() {
                         shared.outputs.changes(t, &updates);
                     }

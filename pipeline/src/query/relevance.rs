@@ -334,7 +334,7 @@ mod tests {
         let some = Relevance::new(&indexed.spaces["s"], &e, q);
         assert!(!all.partial() && some.partial());
         let n = some.ids().count();
-        assert!(n < 600 && n >= 64, "{n} candidates");
+        assert!((64..600).contains(&n), "{n} candidates");
         assert_eq!(some.names, vec!["Ben"]);
         let (best, top) = (all.ranked()[0].1.id.clone(), all.ranked()[0].0);
         assert_eq!(some.ranked()[0].1.id, best, "the exact best is a candidate and ranks first");
