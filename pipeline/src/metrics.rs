@@ -261,6 +261,7 @@ mod tests {
         m.embedder.texts.with_label_values(&["hash"]).inc();
         m.embedder.batch_seconds.with_label_values(&["hash"]).observe(0.1);
         m.embedder.cached.with_label_values(&["hash"]).inc();
+        m.view_updates.with_label_values(&["node", "0"]).inc();
         #[cfg(feature = "kafka")]
         {
             m.kafka.lag.with_label_values(&["t"]).set(1);

@@ -261,8 +261,13 @@ mod tests {
     use operators::{HashEmbedder, NodeKind};
 
     fn views(turns: &[(&str, &str, &str)]) -> (Views, HashEmbedder) {
+        (views_with(crate::ann::AnnParams::default(), turns), HashEmbedder::default())
+    }
+
+    /// Turns `(id, speaker, text)` of one conversation in space "s", with the views' index parameters.
+    fn views_with(ann: crate::ann::AnnParams, turns: &[(&str, &str, &str)]) -> Views {
         let e = HashEmbedder::default();
-        let mut v = Views::default();
+        let mut v = Views { ann, ..Views::default() };
         let updates = turns
             .iter()
             .map(|(id, speaker, text)| {
@@ -280,7 +285,7 @@ mod tests {
             })
             .collect();
         v.apply(updates);
-        (v, e)
+        v
     }
 
     const TURNS: &[(&str, &str, &str)] = &[
@@ -305,27 +310,9 @@ mod tests {
                 (format!("D{}:{}", i / 300 + 1, i % 300 + 1), speaker, text)
             })
             .collect();
-        let build = |ann: crate::ann::AnnParams| {
-            let mut v = Views { ann, ..Views::default() };
-            let updates = turns
-                .iter()
-                .map(|(id, speaker, text)| {
-                    let node = Node {
-                        id: format!("c#{id}"),
-                        kind: NodeKind::Turn,
-                        doc: "c".into(),
-                        pos: operators::ingest::turn_position(id) * operators::model::POSITION_SCALE,
-                        text: text.clone(),
-                        speaker: Some(speaker.clone()),
-                        ts: None,
-                    };
-                    let emb = e.embed(&node.embedding_text());
-                    (ViewUpdate::Node("s".into(), node, emb), 1)
-                })
-                .collect();
-            v.apply(updates);
-            v
-        };
+        let refs: Vec<(&str, &str, &str)> =
+            turns.iter().map(|(i, s, t)| (i.as_str(), s.as_str(), t.as_str())).collect();
+        let build = |ann: crate::ann::AnnParams| views_with(ann, &refs);
         let exact = build(crate::ann::AnnParams::default());
         let indexed = build(crate::ann::AnnParams { exhaustive_below: 1000, candidates: 64, ..Default::default() });
         assert!(exact.spaces["s"].ann.is_none() && indexed.spaces["s"].ann.is_some());
