@@ -146,7 +146,10 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         let rss = rss_bytes();
         let (nodes, events, relations, topics, layers, degrees) = counts(&shared, &space);
         let latency = query_latency(&shared, &space, &fed, &mut questions, args.queries);
+        let ids_before = cluster_ids(&shared, &space);
+        let streamed = fed.len();
         let fresh = freshness(&shared, &mut corpus, &mut fed, args.stream_rate, args.stream_seconds)?;
+        let replaced = replaced_clusters(&ids_before, &cluster_ids(&shared, &space), fed.len() - streamed);
         let point = json!({
             "bench": "scale", "corpus": corpus_name, "space": space, "size": nodes, "records": fed.len(),
             "segment_records": records, "segment_seconds": seconds,
@@ -154,6 +157,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             "rss_bytes": rss, "rss_bytes_per_chunk": rss.saturating_sub(baseline) as f64 / nodes.max(1) as f64,
             "events": events, "relations": relations, "relations_per_event": relations as f64 / events.max(1) as f64,
             "topics": topics, "layers": layers, "layer_degrees": degrees, "query_ms": latency, "freshness_ms": fresh,
+            "clusters_replaced_per_streamed_record": replaced,
         });
         eprintln!("{point}");
         points.push(Point { size: grown, records, seconds, json: point });
@@ -230,6 +234,37 @@ fn counts(shared: &Shared, space: &str) -> (usize, usize, usize, usize, Vec<usiz
     let degrees =
         links.iter().zip(&layers).map(|(l, n)| (*l as f64 / (*n).max(1) as f64 * 10.0).round() / 10.0).collect();
     (v.nodes.len(), v.events.len(), v.relations.len(), topics.len(), layers, degrees)
+}
+
+/// The cluster ids of every layer of a space (index 0 is layer 1).
+fn cluster_ids(shared: &Shared, space: &str) -> Vec<std::collections::HashSet<String>> {
+    let views = shared.views();
+    let mut out: Vec<std::collections::HashSet<String>> = Vec::new();
+    for (id, c) in views.spaces.get(space).map(|v| &v.clusters).into_iter().flatten() {
+        let l = c.layer.max(1) as usize - 1;
+        if out.len() <= l {
+            out.resize_with(l + 1, Default::default);
+        }
+        out[l].insert(id.clone());
+    }
+    out
+}
+
+/// Per layer, the clusters that left or arrived over a stream of `records`, per record: a cluster that keeps its id
+/// while its members change is not counted, one renamed (a new anchor) counts twice.
+fn replaced_clusters(
+    before: &[std::collections::HashSet<String>],
+    after: &[std::collections::HashSet<String>],
+    records: usize,
+) -> Vec<f64> {
+    let empty = std::collections::HashSet::new();
+    (0..before.len().max(after.len()))
+        .map(|l| {
+            let (b, a) = (before.get(l).unwrap_or(&empty), after.get(l).unwrap_or(&empty));
+            let n = b.symmetric_difference(a).count();
+            (n as f64 / records.max(1) as f64 * 10.0).round() / 10.0
+        })
+        .collect()
 }
 
 /// p50 and p95 (ms) of `n` queries per mode, without a model: questions from the news generator, or the opening
