@@ -26,6 +26,11 @@ fn check(p: &Value, size: u64) {
     let fresh = &p["freshness_ms"];
     assert_eq!(fresh["records"], 10, "a 10 records/s stream for 1 s: {p}");
     assert!(fresh["p95"].as_f64().unwrap() > 0.0, "{p}");
+    // What the stream rewrote, per streamed record: at least its own node of layer 0 (a re-published story is one).
+    assert!(fresh["view_updates_per_record"]["node@0"].as_f64().unwrap() >= 0.5, "{p}");
+    let layers = p["layers"].as_array().unwrap().len();
+    assert_eq!(p["layer_degrees"].as_array().unwrap().len(), layers, "a degree per layer: {p}");
+    assert!(p["clusters_replaced_per_streamed_record"].is_array(), "{p}");
 }
 
 #[test]
