@@ -135,16 +135,7 @@ impl Ego {
         }
         let mut roots: Vec<usize> = (0..nbrs.len()).map(|i| find_root(&mut parent, i)).collect();
         if self.pool {
-            let mut size = vec![0u32; roots.len()];
-            for &r in &roots {
-                size[r] += 1;
-            }
-            let loose: Vec<usize> = (0..roots.len()).filter(|&i| roots[i] == i && size[i] == 1).collect();
-            if let Some(&first) = loose.iter().min_by(|&&a, &&b| self.slots.key(nbrs[a]).cmp(self.slots.key(nbrs[b]))) {
-                for i in loose {
-                    roots[i] = first;
-                }
-            }
+            super::pool_loose(&mut roots, |a, b| self.slots.key(nbrs[a]).cmp(self.slots.key(nbrs[b])));
         }
         let comps: BTreeMap<u32, u32> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[roots[i]])).collect();
         // A single component is named "" ([`SOLE`]), as [`super::ego_components`] names it.

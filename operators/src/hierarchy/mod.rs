@@ -283,8 +283,11 @@ pub fn ego_components<'a>(
             parent[ra.max(rb)] = ra.min(rb);
         }
     }
-    let roots: Vec<usize> = (0..names.len()).map(|i| find_root(&mut parent, i)).collect();
-    let roots = if pool { pool_loose(&roots) } else { roots };
+    let mut roots: Vec<usize> = (0..names.len()).map(|i| find_root(&mut parent, i)).collect();
+    if pool {
+        // Members are in name order: the smaller index is the smaller name.
+        pool_loose(&mut roots, |a, b| a.cmp(&b));
+    }
     let comps: BTreeMap<&str, &str> = (0..names.len()).map(|i| (names[i], names[roots[i]])).collect();
     // A single component is named "": nothing to tell apart, and so the replica keeps its name when a neighbour with
     // a smaller id joins.
@@ -294,16 +297,20 @@ pub fn ego_components<'a>(
     comps
 }
 
-/// Pools the components of one member: `roots[i]` is the root of member `i`'s component, and members are in name
-/// order, so the first loose member (the smallest) roots the pool.
-pub(crate) fn pool_loose(roots: &[usize]) -> Vec<usize> {
+/// Pools the loose members of one ego network: `roots[i]` is the root of member `i`'s component, and a member that
+/// is its component's only one joins the pool, rooted at the loose member that `cmp` orders first (the smallest
+/// name). Shared by the sequential rule and [`ego::Ego`].
+pub(crate) fn pool_loose(roots: &mut [usize], cmp: impl Fn(usize, usize) -> std::cmp::Ordering) {
     let mut size = vec![0u32; roots.len()];
-    for &r in roots {
+    for &r in roots.iter() {
         size[r] += 1;
     }
-    let loose = |i: usize| roots[i] == i && size[i] == 1;
-    let Some(first) = (0..roots.len()).find(|&i| loose(i)) else { return roots.to_vec() };
-    (0..roots.len()).map(|i| if loose(i) { first } else { roots[i] }).collect()
+    let loose: Vec<usize> = (0..roots.len()).filter(|&i| roots[i] == i && size[i] == 1).collect();
+    if let Some(&first) = loose.iter().min_by(|a, b| cmp(**a, **b)) {
+        for i in loose {
+            roots[i] = first;
+        }
+    }
 }
 
 #[cfg(test)]
