@@ -629,7 +629,7 @@ mod tests {
                 "[similarity]\nmax-reverse-classes = 4\n",
                 "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n",
                 "[hierarchy]\nmax-degree = 0\n",
-                "[query]\nexhaustive-below = 10\ncandidates = 1\nann-max-connections = 1\nann-ef-search = 0\n"
+                "[query]\nexhaustive-below = 10\ncandidates = 1\nann-max-connections = 1\nann-ef-construction = 0\n"
             )),
             &[],
         )
@@ -644,12 +644,16 @@ mod tests {
             "query.exhaustive-below",
             "query.candidates",
             "query.ann-max-connections",
-            "query.ann-ef-search",
+            "query.ann-ef-construction",
         ] {
             assert!(msg.contains(key), "{key}: {msg}");
         }
         let e = load(None, &[("ENGRAM__EVENTS__RELATION_WINDOW", "many")]).unwrap_err().to_string();
         assert!(e.contains("relation"), "{e}");
+        let e = load(None, &[("ENGRAM__HIERARCHY__POOL_LOOSE_NEIGHBOURS", "maybe")]).unwrap_err().to_string();
+        assert!(e.contains("pool-loose-neighbours") || e.contains("pool_loose_neighbours"), "{e}");
+        let e = load(None, &[("ENGRAM__QUERY__ANN_EF_SEARCH", "0")]).unwrap_err().to_string();
+        assert!(e.contains("query.ann-ef-search"), "{e}");
     }
 
     #[test]
