@@ -201,6 +201,7 @@ fn params(min_shrink: f64) -> HierarchyParams {
         max_layers: 4,
         max_cluster_size: 6,
         lpa_rounds: 5,
+        lpa_layers: 1,
         min_shrink,
         pool_loose_neighbours: true,
         max_degree: 4,
@@ -227,6 +228,11 @@ fn dataflow_equals_sequential_with_1_and_3_workers() {
     check("3 workers, CAM's ego rule", &run_dataflow(&batches, &cam, 3), &want_cam);
     let uncut = HierarchyParams { max_degree: 1000, ..p.clone() };
     assert_ne!(reference(&batches, &uncut).last(), want.last(), "the degree cut changes the upper layers");
+    // Label propagation on every layer (CAM's rule) against strongest-link components above layer 1.
+    let lpa = HierarchyParams { lpa_layers: 4, ..p.clone() };
+    let want_lpa = reference(&batches, &lpa);
+    assert_ne!(want_lpa.last(), want.last(), "strongest-link components change the upper layers");
+    check("2 workers, label propagation on every layer", &run_dataflow(&batches, &lpa, 2), &want_lpa);
 }
 
 #[test]

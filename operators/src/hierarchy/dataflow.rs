@@ -15,7 +15,7 @@ use crate::dataflow::per_space_in_time_order;
 
 use super::ego::Ego;
 use super::lpa::Lpa;
-use super::{anchors, cluster_id, HierarchyParams, Replica};
+use super::{cluster_ids, label_parts, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -92,29 +92,38 @@ where
     let with_edges = adj_keys(pairs);
     let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, String::new())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
-    let labels = label_propagation(replicas, radj, params.lpa_rounds);
+    let rule =
+        if params.propagates(layer) { Rule::Propagate(params.lpa_rounds) } else { Rule::Link(params.max_cluster_size) };
+    let labels = label_propagation(replicas, radj, rule);
     let max = params.max_cluster_size;
+    let head = !params.propagates(layer);
     labels
         .map(|((s, r), l)| ((s, l), r))
         .reduce(
-            move |_k: &(String, Replica),
+            move |(_, label): &(String, Replica),
                   reps: &[(&Replica, isize)],
-                  out: &mut Vec<((Vec<String>, Replica), isize)>| {
+                  out: &mut Vec<((Vec<String>, String), isize)>| {
                 let reps: Vec<&Replica> = reps.iter().map(|(r, _)| *r).collect();
-                for (anchor, part) in anchors(&reps, max) {
-                    out.push(((part.into_iter().map(str::to_string).collect(), anchor.clone()), 1));
+                for (anchor, part) in label_parts(label, &reps, max, head) {
+                    out.push(((part.into_iter().map(str::to_string).collect(), anchor.to_string()), 1));
                 }
             },
         )
-        // Identical member sets (from different labels) are one cluster, named by the smaller anchor.
+        // Identical member sets (from different labels) are one cluster, anchored by the smaller anchor; the
+        // clusters of one anchor are ranked by their members.
         .map(|((s, _l), (members, anchor))| ((s, members), anchor))
-        .reduce(|_k, anchors: &[(&Replica, isize)], out: &mut Vec<(Replica, isize)>| {
-            out.push((anchors[0].0.clone(), 1))
-        })
-        .flat_map(move |((s, members), anchor)| {
-            let id = cluster_id(layer, &anchor);
-            members.into_iter().map(move |m| ((s.clone(), id.clone()), m))
-        })
+        .reduce(|_k, anchors: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((anchors[0].0.clone(), 1)))
+        .map(|((s, members), anchor)| ((s, anchor), members))
+        .reduce(
+            move |(_, anchor): &(String, String),
+                  sets: &[(&Vec<String>, isize)],
+                  out: &mut Vec<((String, Vec<String>), isize)>| {
+                for (id, (ms, _)) in cluster_ids(layer, anchor, sets.len()).into_iter().zip(sets) {
+                    out.push(((id, (*ms).clone()), 1));
+                }
+            },
+        )
+        .flat_map(|((s, _anchor), (id, members))| members.into_iter().map(move |m| ((s.clone(), id.clone()), m)))
 }
 
 /// The ego networks of one layer: `((space, v, a), c)` for every node `v` and neighbour `a`, `c` naming the
@@ -161,11 +170,12 @@ where
 /// votes per layer, and each changed vote reran a reduce over the replica's history of string-keyed rows.
 ///
 /// Input: replicas `(space, r)` and directed replica edges `((space, x), (y, weight))`, both directions. Output
-/// `((space, r), label)`, as [`super::reference::cluster_layer`] computes it.
+/// `((space, r), label)`, as [`super::reference::cluster_layer`] computes it, by label propagation or by
+/// strongest-link groups ([`Lpa::components`]).
 fn label_propagation<'s, T>(
     replicas: VecCollection<'s, T, (String, Replica)>,
     radj: VecCollection<'s, T, ((String, Replica), (Replica, u64))>,
-    rounds: usize,
+    rule: Rule,
 ) -> VecCollection<'s, T, ((String, Replica), Replica)>
 where
     T: Timestamp + Lattice + TotalOrder,
@@ -177,7 +187,10 @@ where
         "LabelPropagation",
         |(s, _, _)| s,
         move |space, rows| {
-            let lpa = spaces.entry(space.to_string()).or_insert_with(|| Lpa::new(rounds));
+            let lpa = spaces.entry(space.to_string()).or_insert_with(|| match rule {
+                Rule::Propagate(rounds) => Lpa::new(rounds),
+                Rule::Link(max) => Lpa::components(max),
+            });
             let changes = lpa.apply(rows.into_iter().map(|((_, x, e), d)| ((x, e), d)).collect());
             if lpa.is_empty() {
                 spaces.remove(space);
@@ -194,6 +207,14 @@ where
             out
         },
     )
+}
+
+/// How a layer labels its replicas: label propagation for so many rounds, or strongest-link groups of at most so
+/// many replicas.
+#[derive(Clone, Copy)]
+enum Rule {
+    Propagate(usize),
+    Link(usize),
 }
 
 fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>

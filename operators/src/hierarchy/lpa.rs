@@ -4,12 +4,17 @@
 //! dataflow would, but over integer slots instead of arrangements of strings. The result after any sequence of
 //! changes equals a from-scratch run (the rounds of [`super`]: [`super::active`] coins, [`super::next_label`]'s
 //! rule), which `tests` and the hierarchy's model tests check.
+//!
+//! The same operator also keeps the other labelling of [`super`], *strongest-link components* ([`Lpa::components`]):
+//! each replica's link to its heaviest neighbour, and for label the smallest replica of each connected component of
+//! those links. A change re-picks the links of the replicas it touches and relabels only the components whose links
+//! changed.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 
 use super::slots::Slots;
-use super::{active, Replica};
+use super::{active, link_groups, replica_hash, Replica};
 
 /// One replica graph and its labels.
 #[derive(Default)]
@@ -21,8 +26,16 @@ pub struct Lpa {
     present: Vec<isize>,
     /// Directed edges out of each slot: (neighbour, weight, multiplicity).
     adj: Vec<Vec<(u32, u64, isize)>>,
-    /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica.
+    /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica. With
+    /// strongest-link components, one label per live replica.
     labels: Vec<Vec<u32>>,
+    /// Strongest-link groups instead of label propagation, of at most this many replicas.
+    components: bool,
+    max: usize,
+    /// With components: each live replica's strongest link and its weight, and the replicas whose strongest link it
+    /// is.
+    link: Vec<Option<(u32, u128)>>,
+    linked_from: Vec<Vec<u32>>,
 }
 
 /// A change of the replica graph: a replica `(r, None)` or a directed edge `(x, Some((y, weight)))`.
@@ -36,6 +49,11 @@ impl Lpa {
         Lpa { rounds, ..Lpa::default() }
     }
 
+    /// Strongest-link groups of at most `max` replicas ([`super::link_groups`]) instead of label propagation.
+    pub fn components(max: usize) -> Self {
+        Lpa { components: true, max, ..Lpa::default() }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
@@ -46,6 +64,8 @@ impl Lpa {
             self.present.push(0);
             self.adj.push(Vec::new());
             self.labels.push(Vec::new());
+            self.link.push(None);
+            self.linked_from.push(Vec::new());
         }
         s
     }
@@ -95,7 +115,7 @@ impl Lpa {
                 _ => {}
             }
         }
-        let mut old_final: HashMap<u32, u32> = dirty
+        let old_final: HashMap<u32, u32> = dirty
             .iter()
             .chain(&gone)
             .filter(|s| !self.labels[**s as usize].is_empty())
@@ -112,10 +132,48 @@ impl Lpa {
             dirty.extend(self.adj[*s as usize].iter().map(|(n, _, _)| *n));
         }
         dirty.retain(|s| self.live(*s));
+        let out = if self.components {
+            self.relink(dirty, &born, &gone, old_final)
+        } else {
+            self.propagate(dirty, &born, old_final)
+        };
+        // Free the slots nothing refers to any more: no replica, no edges (the graph is symmetric, so none into it
+        // either), and, the labels being exact, no label names it.
+        for s in touched {
+            if self.live(s) || !self.adj[s as usize].is_empty() {
+                continue;
+            }
+            self.present[s as usize] = 0;
+            self.labels[s as usize].clear();
+            self.slots.release(s);
+        }
+        out
+    }
+
+    /// The label changes of one epoch, as `(replica, old, new)` from the final labels before (`old_final`, for the
+    /// replicas whose label may change) and after.
+    fn changes(&self, old_final: HashMap<u32, u32>, born: &[u32]) -> Vec<LabelChange> {
+        let born: std::collections::HashSet<u32> = born.iter().copied().collect();
+        let mut out = Vec::new();
+        for (s, old) in old_final {
+            let new = self.labels[s as usize].last().copied();
+            let old = if born.contains(&s) { None } else { Some(old) };
+            if old != new {
+                out.push((
+                    self.slots.key(s).clone(),
+                    old.map(|l| self.slots.key(l).clone()),
+                    new.map(|l| self.slots.key(l).clone()),
+                ));
+            }
+        }
+        out
+    }
+
+    fn propagate(&mut self, dirty: BTreeSet<u32>, born: &[u32], mut old_final: HashMap<u32, u32>) -> Vec<LabelChange> {
         // Round by round: recompute the dirty replicas and the neighbours of those whose label changed the round
         // before; remember the final label of each before it changes.
         let is_born: std::collections::HashSet<u32> = born.iter().copied().collect();
-        let mut changed: Vec<u32> = born.clone();
+        let mut changed: Vec<u32> = born.to_vec();
         for round in 1..=self.rounds {
             let mut todo: BTreeSet<u32> = dirty.clone();
             for &s in &changed {
@@ -140,29 +198,106 @@ impl Lpa {
             }
             changed = now_changed;
         }
-        let mut out = Vec::new();
-        for (s, old) in old_final {
-            let new = self.labels[s as usize].last().copied();
-            let old = if is_born.contains(&s) { None } else { Some(old) };
-            if old != new {
-                out.push((
-                    self.slots.key(s).clone(),
-                    old.map(|l| self.slots.key(l).clone()),
-                    new.map(|l| self.slots.key(l).clone()),
-                ));
+        self.changes(old_final, born)
+    }
+
+    /// Strongest-link components: re-picks the links of the `dirty` replicas (and drops those of the `gone`), then
+    /// relabels every component that holds a replica whose link, or a link into which, changed.
+    fn relink(
+        &mut self,
+        dirty: BTreeSet<u32>,
+        born: &[u32],
+        gone: &[u32],
+        mut old_final: HashMap<u32, u32>,
+    ) -> Vec<LabelChange> {
+        let mut seeds: BTreeSet<u32> = born.iter().copied().collect();
+        let mut dirty = dirty;
+        for &s in gone {
+            if let Some((p, _)) = self.link[s as usize].take() {
+                self.linked_from[p as usize].retain(|x| *x != s);
+                seeds.insert(p);
+            }
+            for x in std::mem::take(&mut self.linked_from[s as usize]) {
+                self.link[x as usize] = None;
+                dirty.insert(x);
+                seeds.insert(x);
             }
         }
-        // Free the slots nothing refers to any more: no replica, no edges (the graph is symmetric, so none into it
-        // either), and, the labels being exact, no label names it.
-        for s in touched {
-            if self.live(s) || !self.adj[s as usize].is_empty() {
+        dirty.retain(|s| self.live(*s));
+        for s in dirty {
+            let new = self.strongest(s);
+            let old = self.link[s as usize];
+            if new == old {
                 continue;
             }
-            self.present[s as usize] = 0;
-            self.labels[s as usize].clear();
-            self.slots.release(s);
+            if let Some((p, _)) = old {
+                self.linked_from[p as usize].retain(|x| *x != s);
+                seeds.insert(p);
+            }
+            if let Some((p, _)) = new {
+                self.linked_from[p as usize].push(s);
+                seeds.insert(p);
+            }
+            self.link[s as usize] = new;
+            seeds.insert(s);
         }
-        out
+        let mut seen: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        for seed in seeds {
+            if !self.live(seed) || seen.contains(&seed) {
+                continue;
+            }
+            let mut comp = vec![seed];
+            seen.insert(seed);
+            let mut i = 0;
+            while i < comp.len() {
+                let s = comp[i] as usize;
+                i += 1;
+                for n in self.link[s].iter().map(|l| &l.0).chain(&self.linked_from[s]) {
+                    if seen.insert(*n) {
+                        comp.push(*n);
+                    }
+                }
+            }
+            // The component in replica order, its links as indices in it: the groups of the reference.
+            comp.sort_by(|a, b| self.order(*a, *b));
+            let at: HashMap<u32, usize> = comp.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+            let links: Vec<Option<(usize, u128)>> =
+                comp.iter().map(|s| self.link[*s as usize].map(|(p, w)| (at[&p], w))).collect();
+            let hashes: Vec<u64> = comp.iter().map(|s| replica_hash(self.slots.key(*s))).collect();
+            for (i, head) in link_groups(&links, &hashes, self.max).into_iter().enumerate() {
+                let (s, label) = (comp[i], comp[head]);
+                let slot = &mut self.labels[s as usize];
+                if slot.first() != Some(&label) {
+                    if let Some(old) = slot.first() {
+                        old_final.entry(s).or_insert(*old);
+                    }
+                    *slot = vec![label];
+                }
+            }
+        }
+        for &s in born {
+            old_final.entry(s).or_insert(s);
+        }
+        self.changes(old_final, born)
+    }
+
+    /// A live replica's strongest link: the live neighbour of the largest total weight, ties to the smallest, with
+    /// that weight.
+    fn strongest(&self, s: u32) -> Option<(u32, u128)> {
+        let mut links: Vec<(u32, u128)> = self.adj[s as usize]
+            .iter()
+            .filter(|(n, _, m)| *m > 0 && self.live(*n))
+            .map(|(n, w, m)| (*n, u128::from(*w) * *m as u128))
+            .collect();
+        links.sort_unstable();
+        let mut best: Option<(u32, u128)> = None;
+        for group in links.chunk_by(|a, b| a.0 == b.0) {
+            let (n, w) = (group[0].0, group.iter().map(|l| l.1).sum::<u128>());
+            if best.is_none_or(|(b, bw)| w > bw || (w == bw && self.order(n, b) == Ordering::Less)) {
+                best = Some((n, w));
+            }
+        }
+        best
     }
 
     /// The label of live replica `s` after `round`, from its neighbours' labels after the round before.
@@ -209,7 +344,7 @@ impl Lpa {
         (0..self.slots.capacity() as u32)
             .filter(|s| self.live(*s) && self.slots.holds(*s))
             .map(|s| {
-                let l = self.labels[s as usize][self.rounds];
+                let l = *self.labels[s as usize].last().expect("a live replica has a label");
                 (self.slots.key(s).clone(), self.slots.key(l).clone())
             })
             .collect()
@@ -233,9 +368,18 @@ mod tests {
     /// the incremental labels equal a from-scratch run over the same graph.
     #[test]
     fn incremental_labels_equal_from_scratch() {
+        incremental_equals_from_scratch(|| Lpa::new(12));
+    }
+
+    #[test]
+    fn incremental_components_equal_from_scratch() {
+        incremental_equals_from_scratch(|| Lpa::components(4));
+    }
+
+    fn incremental_equals_from_scratch(make: impl Fn() -> Lpa) {
         for seed in 0..6 {
             let mut rng = StdRng::seed_from_u64(seed);
-            let mut lpa = Lpa::new(12);
+            let mut lpa = make();
             let mut live: BTreeMap<usize, ()> = BTreeMap::new();
             let mut edges: BTreeMap<(usize, usize), u64> = BTreeMap::new();
             let mut labels: BTreeMap<Replica, Replica> = BTreeMap::new();
@@ -287,7 +431,7 @@ mod tests {
                         None => labels.remove(&r),
                     };
                 }
-                let mut scratch = Lpa::new(12);
+                let mut scratch = make();
                 let mut all: Vec<_> = live.keys().map(|a| ((rep(*a), None), 1)).collect();
                 for ((u, v), w) in &edges {
                     all.push(((rep(*u), Some((rep(*v), *w))), 1));

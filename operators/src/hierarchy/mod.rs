@@ -16,11 +16,18 @@
 //!    keeping their own when it is among the heaviest, else the smallest ([`next_label`]). Fully synchronous LPA
 //!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
+//!    That is layers 1..=`lpa-layers`. Above them the labels are *strongest-link components*: each replica links to
+//!    its neighbour of the largest edge weight (ties to the smaller replica, [`strongest_link`]), and a replica's
+//!    label is the smallest replica of its connected component of those links. Label propagation's labels are a
+//!    chaotic function of the graph: on a layer of summaries of summaries, one chunk's arrival moved the labels of
+//!    nearly every node two layers up (at 3,000 meeting turns, 217 of layer 3's 225 clusters rewritten per turn).
+//!    A strongest link changes only where a node's own links change, and a component only where one of its links
+//!    does; every replica with a neighbour is in a component of two at least, so such a layer shrinks fast.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
 //!    cluster over `max-cluster-size` is split in member-id order at content-defined points, a document's chunks kept
-//!    together ([`parts`]). A cluster is named after its anchor, the replica of its smallest member ([`cluster_id`]),
-//!    so that it keeps its id as other members come and go; identical member sets are one cluster (the smaller
-//!    anchor names it).
+//!    together ([`parts`]). Identical member sets are one cluster. A cluster is named after its anchor node — its
+//!    smallest member, or under strongest links its group's head — and its rank among the clusters sharing that
+//!    anchor ([`cluster_id`]), so that it keeps its id as other members come and go.
 //! 5. **Layers**: clusters of layer L are the nodes of layer L+1, linked when they share a member or a layer-L edge
 //!    joins them (weight: the number of such links). The hierarchy stops at `max-layers`, or at the first layer
 //!    that does not shrink by `min-shrink` of the layer below (its clusters are dropped), per space
@@ -45,6 +52,8 @@ pub struct HierarchyParams {
     pub max_cluster_size: usize,
     /// Rounds of label propagation per layer.
     pub lpa_rounds: usize,
+    /// Layers 1..=this cluster by label propagation; the layers above by strongest-link components.
+    pub lpa_layers: usize,
     /// A layer is kept only when it has fewer nodes than the layer below by at least this share of them; else the
     /// hierarchy ends there. 0 is CAM's rule (any shrink).
     pub min_shrink: f64,
@@ -62,6 +71,7 @@ impl Default for HierarchyParams {
             max_layers: 10,
             max_cluster_size: 12,
             lpa_rounds: 20,
+            lpa_layers: 1,
             min_shrink: 0.1,
             pool_loose_neighbours: true,
             max_degree: 10,
@@ -78,6 +88,11 @@ impl HierarchyParams {
         above < below && (below - above) as f64 >= self.min_shrink * below as f64
     }
 
+    /// Whether `layer` (≥ 1) clusters by label propagation (else by strongest-link components).
+    pub fn propagates(&self, layer: u32) -> bool {
+        layer as usize <= self.lpa_layers
+    }
+
     pub fn validate(&self) -> Vec<String> {
         let mut errs = Vec::new();
         if !(1..=32).contains(&self.max_layers) {
@@ -92,6 +107,9 @@ impl HierarchyParams {
         if !(1..=1000).contains(&self.max_degree) {
             errs.push(format!("hierarchy.max-degree = {} must be in 1..=1000", self.max_degree));
         }
+        if self.lpa_layers > 32 {
+            errs.push(format!("hierarchy.lpa-layers = {} must be in 0..=32", self.lpa_layers));
+        }
         if !(1..=100).contains(&self.lpa_rounds) {
             errs.push(format!("hierarchy.lpa-rounds = {} must be in 1..=100", self.lpa_rounds));
         }
@@ -103,36 +121,45 @@ impl HierarchyParams {
 /// component is the node's only one).
 pub type Replica = (String, String);
 
-/// The id of a cluster of `layer` (≥ 1), named after its *anchor*: the replica of its smallest member that holds
-/// the cluster's label ([`anchors`]). Ids follow identity, not content: a cluster that gains or loses a member other
-/// than its smallest keeps its id, so the node it is in the layer above, that node's edges, ego network and replicas
-/// stay as they were, and label propagation there sees a changed edge weight at most — where an id hashed from the
-/// members would replace the node above at every change, and renaming a replica renames the labels that carry it
-/// (measured at 30k chunks: a batch of 100 changed the labels of nearly every replica of layer 4). Summaries stay
-/// keyed by content ([`crate::request::summary_key`]), so a changed cluster is still summarised again.
-pub fn cluster_id(layer: u32, anchor: &Replica) -> String {
+/// The id of a cluster of `layer` (≥ 1), named after its *anchor* node — its smallest member under label
+/// propagation, its head under strongest-link groups ([`link_groups`]) — and, among the clusters of the layer with
+/// that anchor (overlapping clusters can share it), its rank in member-set order (`rank`, 0 for the first;
+/// [`cluster_ids`]). Ids follow identity, not content: a cluster that gains or loses members other than its anchor
+/// keeps its id, so the node it is in the layer above, that node's edges, ego network and replicas stay as they
+/// were, and the clustering there sees a changed edge weight at most — where an id hashed from the members would
+/// replace the node above at every change, and every replaced node replaces its edges and moves its neighbours'
+/// replicas, a change that grows layer by layer. Nor does an id depend on anything outside the cluster (the replica
+/// of the anchor is named after its smallest neighbour in an ego-network component, and an id named after it was
+/// renamed whenever that neighbour was). Summaries stay keyed by content ([`crate::request::summary_key`]), so a
+/// changed cluster is still summarised again.
+pub fn cluster_id(layer: u32, anchor: &str, rank: usize) -> String {
     let mut key = layer.to_le_bytes().to_vec();
-    for m in [&anchor.0, &anchor.1] {
-        key.extend_from_slice(m.as_bytes());
-        key.push(0x1f);
+    key.extend_from_slice(anchor.as_bytes());
+    key.push(0x1f);
+    if rank > 0 {
+        key.extend_from_slice(&(rank as u64).to_le_bytes());
     }
     format!("L{layer}:{}", content_hex96(&key))
 }
 
-/// The parts of one label's cluster with their anchors: `replicas` are the replicas carrying the label, sorted; the
-/// cluster's members (their nodes) are split by [`parts`], and each part's anchor is the smallest replica of its
-/// smallest member. Anchors of different labels or parts never coincide (a replica carries one label, and parts are
-/// disjoint); two labels with the same members are one cluster, named by the smaller anchor.
-pub fn anchors<'a>(replicas: &[&'a Replica], max: usize) -> Vec<(&'a Replica, Vec<&'a str>)> {
+/// The ids of the distinct clusters of `layer` with anchor `anchor`, their member sets `sets` sorted.
+pub fn cluster_ids(layer: u32, anchor: &str, sets: usize) -> Vec<String> {
+    (0..sets).map(|rank| cluster_id(layer, anchor, rank)).collect()
+}
+
+/// The parts of one label's cluster, each with its anchor node: `replicas` are the replicas carrying `label`, sorted;
+/// the cluster's members (their nodes) are split by [`parts`]. A part's anchor is its smallest member under label
+/// propagation (`head` false), the label's node when the label is a group's head ([`link_groups`]). Two labels may
+/// give the same members: they are one cluster, anchored by the smaller anchor.
+pub fn label_parts<'a>(
+    label: &'a Replica,
+    replicas: &[&'a Replica],
+    max: usize,
+    head: bool,
+) -> Vec<(&'a str, Vec<&'a str>)> {
     let mut ms: Vec<&str> = replicas.iter().map(|r| r.0.as_str()).collect();
     ms.dedup();
-    parts(&ms, max)
-        .into_iter()
-        .map(|part| {
-            let anchor = replicas.iter().find(|r| r.0 == part[0]).expect("a part's member has a replica");
-            (*anchor, part)
-        })
-        .collect()
+    parts(&ms, max).into_iter().map(|p| (if head { label.0.as_str() } else { p[0] }, p)).collect()
 }
 
 /// The members of each part of a (possibly split) cluster, from its sorted members.
@@ -227,6 +254,134 @@ pub fn next_label<'a>(own: &'a Replica, votes: impl Iterator<Item = (&'a Replica
         return own;
     }
     totals.iter().find(|(_, w)| *w == best).map(|t| t.0).unwrap_or(own)
+}
+
+/// A replica's strongest link among its `links` `(neighbour, weight)` (sorted by neighbour; a neighbour may come more
+/// than once, its weights adding up): the neighbour of the largest total weight, ties to the smaller, with that
+/// weight; `None` with no links.
+pub fn strongest_link<'a>(links: impl Iterator<Item = (&'a Replica, u128)>) -> Option<(&'a Replica, u128)> {
+    let mut best: Option<(&Replica, u128)> = None;
+    let mut cur: Option<(&Replica, u128)> = None;
+    let settle = |c: Option<(&'a Replica, u128)>, best: &mut Option<(&'a Replica, u128)>| {
+        if let Some((n, w)) = c {
+            if best.is_none_or(|(_, bw)| w > bw) {
+                *best = Some((n, w));
+            }
+        }
+    };
+    for (n, w) in links {
+        match &mut cur {
+            Some((cn, cw)) if *cn == n => *cw += w,
+            _ => {
+                settle(cur.take(), &mut best);
+                cur = Some((n, w));
+            }
+        }
+    }
+    settle(cur, &mut best);
+    best
+}
+
+/// Cuts one component of strongest links into groups of at most `max` replicas; returns each member's group, named by
+/// its *head*: the replica whose children it gathers (or, for a bin, the first of them). Members are indexed in replica order; `link[i]` is member `i`'s strongest link (an index in
+/// the component) with its weight, `hash[i]` a hash of its name.
+///
+/// The links of a component form a tree, but for one pair of replicas that are each other's strongest link (equal
+/// weights and the tie rule allow no longer cycle); the smaller of the two is the root. Bottom-up, each replica
+/// takes its children — the replicas whose strongest link it is, strongest first — while its group has room; a child
+/// group that does not fit goes to a bin of its siblings, and a bin is closed when the next would overflow it, or
+/// after a child whose hash is 0 modulo `max / 2` once it holds `max / 4` (content-defined, so that a sibling coming
+/// or going moves the bin it falls in, not every bin after it). A root's group, and every bin, is a cluster, and a
+/// group keeps its head while the head stays, whoever else comes and goes ([`cluster_id`] names a cluster by its
+/// head's node). So a
+/// change moves the groups on the path from it to the root, and a hub — the strongest link of hundreds of clusters,
+/// the rule on summaries of summaries makes many — is a group of its strongest followers and bins of the others,
+/// where one component would be a cluster of most of its layer.
+pub fn link_groups(link: &[Option<(usize, u128)>], hash: &[u64], max: usize) -> Vec<usize> {
+    let n = link.len();
+    let max = max.max(1);
+    let (q, min) = ((max / 2).max(2) as u64, (max / 4).max(1));
+    // The root: on the cycle reached from member 0, its smallest member.
+    let mut seen = vec![false; n];
+    let mut at = 0;
+    while !seen[at] {
+        seen[at] = true;
+        match link[at] {
+            Some((p, _)) => at = p,
+            None => break,
+        }
+    }
+    let mut root = at;
+    let mut x = at;
+    while let Some((p, _)) = link[x] {
+        if p == at {
+            break;
+        }
+        root = root.min(p);
+        x = p;
+    }
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, l) in link.iter().enumerate() {
+        if let (Some((p, _)), true) = (l, i != root) {
+            children[*p].push(i);
+        }
+    }
+    let weight = |i: usize| link[i].map_or(0, |l| l.1);
+    for c in &mut children {
+        c.sort_by(|a, b| weight(*b).cmp(&weight(*a)).then(a.cmp(b)));
+    }
+    // Post-order, iteratively: a member is settled once all its children are.
+    let mut order = Vec::with_capacity(n);
+    let mut stack = vec![root];
+    while let Some(v) = stack.pop() {
+        order.push(v);
+        stack.extend(children[v].iter().copied());
+    }
+    let mut open: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut group = vec![usize::MAX; n];
+    let close = |ms: Vec<usize>, head: usize, group: &mut Vec<usize>| {
+        for m in ms {
+            group[m] = head;
+        }
+    };
+    for &v in order.iter().rev() {
+        let mut cur = vec![v];
+        let mut bin: Vec<usize> = Vec::new();
+        for &c in &children[v] {
+            let oc = std::mem::take(&mut open[c]);
+            if cur.len() + oc.len() <= max {
+                cur.extend(oc);
+                continue;
+            }
+            if !bin.is_empty() && bin.len() + oc.len() > max {
+                let head = bin[0];
+                close(std::mem::take(&mut bin), head, &mut group);
+            }
+            // A bin's head is its first child, whose own group it continues.
+            bin.extend(oc);
+            if bin.len() >= min && hash[c].is_multiple_of(q) {
+                let head = bin[0];
+                close(std::mem::take(&mut bin), head, &mut group);
+            }
+        }
+        if !bin.is_empty() {
+            let head = bin[0];
+            close(bin, head, &mut group);
+        }
+        open[v] = cur;
+    }
+    close(std::mem::take(&mut open[root]), root, &mut group);
+    debug_assert!(group.iter().all(|g| *g != usize::MAX), "every member of a component is reached from its root");
+    group
+}
+
+/// A replica's hash for [`link_groups`].
+pub fn replica_hash(r: &Replica) -> u64 {
+    let mut key = Vec::with_capacity(r.0.len() + r.1.len() + 1);
+    key.extend_from_slice(r.0.as_bytes());
+    key.push(0x1f);
+    key.extend_from_slice(r.1.as_bytes());
+    crate::hash::mixed(&key)
 }
 
 /// Whether node `a` keeps its link to `b` of weight `w`, among all of `a`'s links `(weight, other end)`: a node keeps

@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{active, anchors, cluster_id, ego_components, next_label, strongest, HierarchyParams, Replica};
+use super::{
+    active, cluster_ids, ego_components, find_root, label_parts, link_groups, next_label, replica_hash, strongest,
+    strongest_link, HierarchyParams, Replica,
+};
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,8 +68,12 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
             radj.entry(ru).or_default().push((rv, *w));
         }
     }
-    let mut labels: BTreeMap<Replica, Replica> = replicas.iter().map(|r| (r.clone(), r.clone())).collect();
-    for round in 0..params.lpa_rounds {
+    let (mut labels, rounds) = if params.propagates(layer) {
+        (replicas.iter().map(|r| (r.clone(), r.clone())).collect(), params.lpa_rounds)
+    } else {
+        (strongest_link_components(&replicas, &radj, params.max_cluster_size), 0)
+    };
+    for round in 0..rounds {
         let mut next = BTreeMap::new();
         for r in &replicas {
             let mut votes: Vec<(&Replica, u128)> =
@@ -81,20 +88,63 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     for (r, l) in &labels {
         by_label.entry(l).or_default().push(r);
     }
-    // Member set → smallest anchor: identical member sets are one cluster.
-    let mut named: BTreeMap<Vec<&str>, &Replica> = BTreeMap::new();
-    for replicas in by_label.into_values() {
-        for (anchor, part) in anchors(&replicas, params.max_cluster_size) {
-            let a = named.entry(part).or_insert(anchor);
-            if anchor < *a {
-                *a = anchor;
-            }
+    // Member set → the smallest anchor: identical member sets are one cluster; then by anchor, ranked by members.
+    let head = !params.propagates(layer);
+    let mut sets: BTreeMap<Vec<&str>, &str> = BTreeMap::new();
+    for (label, replicas) in by_label {
+        for (anchor, part) in label_parts(label, &replicas, params.max_cluster_size, head) {
+            let a = sets.entry(part).or_insert(anchor);
+            *a = anchor.min(*a);
         }
     }
-    named
-        .into_iter()
-        .map(|(members, anchor)| (cluster_id(layer, anchor), members.into_iter().map(str::to_string).collect()))
-        .collect()
+    let mut by_anchor: BTreeMap<&str, Vec<Vec<&str>>> = BTreeMap::new();
+    for (members, anchor) in sets {
+        by_anchor.entry(anchor).or_default().push(members);
+    }
+    let mut out = Clusters::new();
+    for (anchor, sets) in by_anchor {
+        for (id, ms) in cluster_ids(layer, anchor, sets.len()).into_iter().zip(sets) {
+            out.insert(id, ms.into_iter().map(str::to_string).collect());
+        }
+    }
+    out
+}
+
+/// Each replica's label under strongest-link components: its group of its component of strongest links
+/// ([`link_groups`]), named by the group's smallest replica.
+fn strongest_link_components(
+    replicas: &BTreeSet<Replica>,
+    radj: &BTreeMap<Replica, Vec<(Replica, u64)>>,
+    max: usize,
+) -> BTreeMap<Replica, Replica> {
+    let names: Vec<&Replica> = replicas.iter().collect();
+    let index: BTreeMap<&Replica, usize> = names.iter().copied().zip(0..).collect();
+    let mut link: Vec<Option<(usize, u128)>> = vec![None; names.len()];
+    let mut parent: Vec<usize> = (0..names.len()).collect();
+    for (r, links) in radj {
+        let mut links: Vec<(&Replica, u128)> = links.iter().map(|(y, w)| (y, *w as u128)).collect();
+        links.sort();
+        if let Some((y, w)) = strongest_link(links.into_iter()) {
+            link[index[r]] = Some((index[y], w));
+            let (a, b) = (find_root(&mut parent, index[r]), find_root(&mut parent, index[y]));
+            parent[a.max(b)] = a.min(b);
+        }
+    }
+    let mut comps: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..names.len() {
+        comps.entry(find_root(&mut parent, i)).or_default().push(i);
+    }
+    let mut out = BTreeMap::new();
+    for members in comps.into_values() {
+        // Members are in replica order; links as indices among them.
+        let at: BTreeMap<usize, usize> = members.iter().zip(0..).map(|(m, i)| (*m, i)).collect();
+        let links: Vec<Option<(usize, u128)>> = members.iter().map(|m| link[*m].map(|(y, w)| (at[&y], w))).collect();
+        let hashes: Vec<u64> = members.iter().map(|m| replica_hash(names[*m])).collect();
+        for (i, g) in link_groups(&links, &hashes, max).into_iter().enumerate() {
+            out.insert(names[members[i]].clone(), names[members[g]].clone());
+        }
+    }
+    out
 }
 
 /// The graph of the next layer: clusters linked by shared members and by edges between their members (weight: the
