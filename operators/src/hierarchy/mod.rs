@@ -74,7 +74,7 @@ impl Default for HierarchyParams {
             lpa_layers: 1,
             min_shrink: 0.1,
             pool_loose_neighbours: true,
-            max_degree: 10,
+            max_degree: 30,
         }
     }
 }
