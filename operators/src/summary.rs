@@ -302,8 +302,9 @@ pub struct Scheduler {
     session_since: HashMap<(String, String, i64), Duration>,
 }
 
-/// A request waiting for the model: `((space, content key), request)`.
-pub type Waiting = ((String, String), ModelRequest);
+/// A request waiting for the model: `((space, content key), request)`; shared with the views that list it, so that
+/// taking the waiting list every tick copies no member texts.
+pub type Waiting = ((String, String), std::sync::Arc<ModelRequest>);
 
 impl Scheduler {
     pub fn new(debounce: Duration, max_latency: Duration) -> Self {
@@ -324,7 +325,7 @@ impl Scheduler {
         self.sent.retain(|k| live.contains(k));
         let sessions: HashSet<(&str, &str, i64)> = waiting
             .iter()
-            .filter_map(|((space, _), r)| match r {
+            .filter_map(|((space, _), r)| match r.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
                     Some((space.as_str(), conversation.as_str(), *session))
                 }
@@ -337,7 +338,7 @@ impl Scheduler {
             let (key, request) = w;
             let seen = *self.first_seen.entry(key.clone()).or_insert(now);
             let stable = now.saturating_sub(seen) >= self.debounce;
-            let session = match request {
+            let session = match request.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
                     Some((key.0.clone(), conversation.clone(), *session))
                 }

@@ -725,7 +725,7 @@ async fn pending_summaries(
         .iter()
         .map(|(h, r)| {
             let mut v = json!({"content_hash": h, "kind": r.kind().name()});
-            match r {
+            match r.as_ref() {
                 ModelRequest::Summary { layer, cluster, members } => {
                     v["layer"] = json!(layer);
                     v["cluster"] = json!(cluster);

@@ -121,7 +121,7 @@ pub struct SpaceView {
     /// node or cluster → the clusters that hold it.
     pub parents: HashMap<String, BTreeSet<String>>,
     /// content key → request: the summariser's work list.
-    pub requests: BTreeMap<String, ModelRequest>,
+    pub requests: BTreeMap<String, std::sync::Arc<ModelRequest>>,
     /// Events by id, and their relations.
     pub events: BTreeMap<String, operators::events::EventRow>,
     pub relations: BTreeSet<operators::events::RelationRow>,
@@ -395,7 +395,7 @@ impl Views {
                 ViewUpdate::Request(space, key, request) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
-                        view.requests.insert(key, request);
+                        view.requests.insert(key, std::sync::Arc::new(request));
                     } else {
                         view.requests.remove(&key);
                     }

@@ -145,7 +145,7 @@ impl Bench {
             if self.open.is_empty() && !fed {
                 break;
             }
-            let waiting: Vec<Waiting> = self.open.iter().map(|(k, (r, _))| (k.clone(), r.clone())).collect();
+            let waiting: Vec<Waiting> = self.open.iter().map(|(k, (r, _))| (k.clone(), std::sync::Arc::new(r.clone()))).collect();
             for ((space, key), request) in scheduler.due(&waiting, Duration::from_secs(self.epoch)) {
                 let text = match cache.plan(space, key, request) {
                     Plan::Reuse { text, .. } => {
@@ -153,7 +153,7 @@ impl Bench {
                         text
                     }
                     Plan::Ask(coverage) => {
-                        if let ModelRequest::Summary { layer, .. } = request {
+                        if let ModelRequest::Summary { layer, .. } = request.as_ref() {
                             let l = *layer as usize;
                             if m.by_layer.len() < l {
                                 m.by_layer.resize(l, 0);

@@ -93,7 +93,7 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
                     done.push(logged(space.clone(), key.clone(), text, Some(coverage)));
                 }
                 Plan::Ask(coverage) => {
-                    let _ = jobs.send(((space.clone(), key.clone()), request.clone(), coverage));
+                    let _ = jobs.send(((space.clone(), key.clone()), request.as_ref().clone(), coverage));
                 }
             }
         }
