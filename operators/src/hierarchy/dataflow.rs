@@ -15,7 +15,7 @@ use crate::dataflow::per_space_in_time_order;
 
 use super::ego::Ego;
 use super::lpa::Lpa;
-use super::{cluster_ids, label_parts, HierarchyParams, Replica};
+use super::{cluster_ids, label_parts, link_weight, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -252,7 +252,7 @@ where
                 }
             })
             .filter(|(_, a, b)| a != b);
-    let links = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, n as u64));
+    let links = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, link_weight(n as u64)));
     // Per cluster, its links heaviest first (`u64::MAX - weight`, then the other end), the first `max_degree` kept;
     // a link is an edge when either end keeps it (both ends emit the same row, and `distinct` makes it one).
     let edges = links

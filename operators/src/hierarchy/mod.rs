@@ -384,6 +384,14 @@ pub fn replica_hash(r: &Replica) -> u64 {
     crate::hash::mixed(&key)
 }
 
+/// The weight of a link between two clusters from its count of shared members and member edges: the count's bit
+/// length (1; 2–3; 4–7; …). A cluster's every new member moves the counts of its links to the clusters around it, and
+/// each moved weight is a changed edge in the layer above — rewritten through its ego networks and labels; in
+/// powers of two, most such moves leave the weight as it was, and the strongest links still stand out.
+pub fn link_weight(count: u64) -> u64 {
+    u64::from(u64::BITS - count.leading_zeros())
+}
+
 /// Whether node `a` keeps its link to `b` of weight `w`, among all of `a`'s links `(weight, other end)`: a node keeps
 /// its `max` heaviest links, ties to the smaller other end. A layer above 0 links two clusters for every member they
 /// share and every edge between their members, so that without a cut its graph is nearly complete two layers up (at

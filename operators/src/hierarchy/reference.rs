@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    active, cluster_ids, ego_components, find_root, label_parts, link_groups, next_label, replica_hash, strongest,
+    active, cluster_ids, ego_components, find_root, label_parts, link_groups, link_weight, next_label, replica_hash, strongest,
     strongest_link, HierarchyParams, Replica,
 };
 
@@ -176,6 +176,9 @@ pub fn next_layer(g: &Graph, clusters: &Clusters, max_degree: usize) -> Graph {
                 link(a, b);
             }
         }
+    }
+    for w in edges.values_mut() {
+        *w = link_weight(*w);
     }
     let mut links: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
     for ((a, b), w) in &edges {
