@@ -586,4 +586,42 @@ mod tests {
             ps.iter().map(Vec::len).collect::<Vec<_>>()
         );
     }
+
+    /// A star: member 0 is the strongest link of 40 leaves (and its own is leaf 1, which links back). The groups are
+    /// bounded, named by their heads, the hub's group holds its strongest followers, and a leaf more moves at most
+    /// the hub's group and the bin it falls in.
+    #[test]
+    fn link_groups_cut_a_hub_into_bounded_local_groups() {
+        let star = |leaves: usize, skip: Option<usize>| -> (Vec<usize>, Vec<Option<(usize, u128)>>, Vec<u64>) {
+            let ids: Vec<usize> = (0..=leaves).filter(|i| Some(*i) != skip).collect();
+            let at = |x: usize| ids.iter().position(|i| *i == x).unwrap();
+            let link = ids
+                .iter()
+                .map(|&i| if i == 0 { Some((at(1), 100)) } else { Some((0, 100 - i as u128)) })
+                .collect::<Vec<_>>();
+            let hash = ids.iter().map(|i| crate::hash::mixed(&i.to_le_bytes())).collect();
+            (ids, link, hash)
+        };
+        let groups = |leaves: usize, skip: Option<usize>| -> BTreeMap<usize, BTreeSet<usize>> {
+            let (ids, link, hash) = star(leaves, skip);
+            let mut out: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+            for (i, g) in link_groups(&link, &hash, 6).into_iter().enumerate() {
+                out.entry(ids[g]).or_default().insert(ids[i]);
+            }
+            out
+        };
+        use std::collections::{BTreeMap, BTreeSet};
+        let all = groups(40, None);
+        assert!(all.values().all(|g| g.len() <= 6), "{all:?}");
+        assert_eq!(all.values().map(BTreeSet::len).sum::<usize>(), 41);
+        assert!(all.len() >= 7, "41 replicas in groups of at most 6: {all:?}");
+        for (head, g) in &all {
+            assert!(g.contains(head), "a group holds its head: {head} {g:?}");
+        }
+        assert_eq!(all[&0], (0..6).collect(), "the hub gathers its strongest followers");
+        let fewer = groups(40, Some(23));
+        let gone = BTreeSet::from([23usize]);
+        let moved = all.iter().filter(|(h, g)| fewer.get(h).is_none_or(|f| *f != *g - &gone)).count();
+        assert!(moved <= 2, "one leaf gone moved {moved} groups: {all:?} → {fewer:?}");
+    }
 }

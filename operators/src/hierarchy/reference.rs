@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    active, cluster_ids, ego_components, find_root, label_parts, link_groups, link_weight, next_label, replica_hash, strongest,
-    strongest_link, HierarchyParams, Replica,
+    active, cluster_ids, ego_components, find_root, label_parts, link_groups, link_weight, next_label, replica_hash,
+    strongest, strongest_link, HierarchyParams, Replica,
 };
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.

@@ -145,7 +145,8 @@ impl Bench {
             if self.open.is_empty() && !fed {
                 break;
             }
-            let waiting: Vec<Waiting> = self.open.iter().map(|(k, (r, _))| (k.clone(), std::sync::Arc::new(r.clone()))).collect();
+            let waiting: Vec<Waiting> =
+                self.open.iter().map(|(k, (r, _))| (k.clone(), std::sync::Arc::new(r.clone()))).collect();
             for ((space, key), request) in scheduler.due(&waiting, Duration::from_secs(self.epoch)) {
                 let text = match cache.plan(space, key, request) {
                     Plan::Reuse { text, .. } => {

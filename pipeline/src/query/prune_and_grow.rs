@@ -12,8 +12,9 @@ use crate::views::SpaceView;
 
 /// CAM's Prune-and-Grow. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by [`Relevance`]. Then
 /// up to 5 rounds: *prune* the candidates — with a model, to those it selects among the best [`SELECT_MAX`]; without,
-/// to those within half of the best score — and *grow* the kept ones to their same-layer neighbours and their
-/// children (never parents); stop when the candidate set no longer changes. Evidence: the kept layer-0 nodes (the
+/// to those of the best [`SELECT_MAX`] within half of the best score (so that a round grows from a bounded set,
+/// whatever the size of the space) — and *grow* the kept ones to their same-layer neighbours and their children
+/// (never parents); stop when the candidate set no longer changes. Evidence: the kept layer-0 nodes (the
 /// seeds' if none were kept), best first, then the kept summaries, then — by the rule, not after a model's selection
 /// — while budget is left the best other layer-0 text by relevance; consecutive chunks of one document merged into
 /// one passage, cut to the word budget.
@@ -118,7 +119,7 @@ fn prune_rounds<'v>(
                 if let Err(e) = other {
                     trace.push(json!({"step": "model-error", "round": round, "error": e, "why": "the similarity rule instead"}));
                 }
-                scored.iter().filter(|x| x.0 > 0.0 && x.0 >= 0.5 * best).map(|x| x.1).collect()
+                scored.iter().take(SELECT_MAX).filter(|x| x.0 > 0.0 && x.0 >= 0.5 * best).map(|x| x.1).collect()
             }
         };
         let mut grown = kept.clone();
@@ -131,7 +132,7 @@ fn prune_rounds<'v>(
             }
         }
         trace.push(json!({"step": "round", "round": round, "kept": kept, "grown": grown.len() - kept.len(),
-                          "why": "kept: within half of the best score; grown: same-layer neighbours and children"}));
+                          "why": "kept: the best, within half of the best score; grown: same-layer neighbours and children"}));
         if grown == candidates {
             break;
         }
