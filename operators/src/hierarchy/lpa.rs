@@ -5,10 +5,10 @@
 //! changes equals a from-scratch run (the rounds of [`super`]: [`super::active`] coins, [`super::next_label`]'s
 //! rule), which `tests` and the hierarchy's model tests check.
 //!
-//! The same operator also keeps the other labelling of [`super`], *strongest-link components* ([`Lpa::components`]):
-//! each replica's link to its heaviest neighbour, and for label the smallest replica of each connected component of
-//! those links. A change re-picks the links of the replicas it touches and relabels only the components whose links
-//! changed.
+//! The same operator also keeps the other labelling of [`super`], *strongest-link groups* ([`Lpa::components`]):
+//! each replica's link to its heaviest neighbour, and for label the head of its group when each connected component
+//! of those links is cut into groups ([`super::link_groups`]). A change re-picks the links of the replicas it
+//! touches and regroups only the components whose links or link weights changed.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
@@ -27,7 +27,7 @@ pub struct Lpa {
     /// Directed edges out of each slot: (neighbour, weight, multiplicity).
     adj: Vec<Vec<(u32, u64, isize)>>,
     /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica. With
-    /// strongest-link components, one label per live replica.
+    /// strongest-link groups, one label per live replica.
     labels: Vec<Vec<u32>>,
     /// Strongest-link groups instead of label propagation, of at most this many replicas.
     components: bool,
@@ -201,8 +201,8 @@ impl Lpa {
         self.changes(old_final, born)
     }
 
-    /// Strongest-link components: re-picks the links of the `dirty` replicas (and drops those of the `gone`), then
-    /// relabels every component that holds a replica whose link, or a link into which, changed.
+    /// Strongest-link groups: re-picks the links of the `dirty` replicas (and drops those of the `gone`), then
+    /// regroups every component that holds a replica whose link (or its weight), or a link into which, changed.
     fn relink(
         &mut self,
         dirty: BTreeSet<u32>,

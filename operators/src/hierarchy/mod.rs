@@ -16,13 +16,13 @@
 //!    keeping their own when it is among the heaviest, else the smallest ([`next_label`]). Fully synchronous LPA
 //!    oscillates (two replicas joined by one edge swap labels every round, and sparse similarity graphs are full of
 //!    them); a strong self-vote stops that but also stops labels from spreading, so that sparse layers never shrink.
-//!    That is layers 1..=`lpa-layers`. Above them the labels are *strongest-link components*: each replica links to
-//!    its neighbour of the largest edge weight (ties to the smaller replica, [`strongest_link`]), and a replica's
-//!    label is the smallest replica of its connected component of those links. Label propagation's labels are a
-//!    chaotic function of the graph: on a layer of summaries of summaries, one chunk's arrival moved the labels of
-//!    nearly every node two layers up (at 3,000 meeting turns, 217 of layer 3's 225 clusters rewritten per turn).
-//!    A strongest link changes only where a node's own links change, and a component only where one of its links
-//!    does; every replica with a neighbour is in a component of two at least, so such a layer shrinks fast.
+//!    That is layers 1..=`lpa-layers`. Above them the labels are *strongest-link groups*: each replica links to its
+//!    neighbour of the largest edge weight (ties to the smaller replica, [`strongest_link`]), each connected
+//!    component of those links is cut into groups of at most `max-cluster-size` around their heads
+//!    ([`link_groups`]), and a replica's label is its group's head. Label propagation's labels are a chaotic
+//!    function of the graph: on a layer of summaries of summaries, one chunk's arrival moved the labels of nearly
+//!    every node two layers up (at 3,000 meeting turns, 217 of layer 3's 225 clusters rewritten per turn). A
+//!    strongest link changes only where a node's own links change, and a group only where links in its tree do.
 //! 4. **Clusters**: the nodes whose replicas share a label — overlapping, as a node has a replica per component. A
 //!    cluster over `max-cluster-size` is split in member-id order at content-defined points, a document's chunks kept
 //!    together ([`parts`]). Identical member sets are one cluster. A cluster is named after its anchor node — its
@@ -52,7 +52,7 @@ pub struct HierarchyParams {
     pub max_cluster_size: usize,
     /// Rounds of label propagation per layer.
     pub lpa_rounds: usize,
-    /// Layers 1..=this cluster by label propagation; the layers above by strongest-link components.
+    /// Layers 1..=this cluster by label propagation; the layers above by strongest-link groups.
     pub lpa_layers: usize,
     /// A layer is kept only when it has fewer nodes than the layer below by at least this share of them; else the
     /// hierarchy ends there. 0 is CAM's rule (any shrink).
@@ -88,7 +88,7 @@ impl HierarchyParams {
         above < below && (below - above) as f64 >= self.min_shrink * below as f64
     }
 
-    /// Whether `layer` (≥ 1) clusters by label propagation (else by strongest-link components).
+    /// Whether `layer` (≥ 1) clusters by label propagation (else by strongest-link groups).
     pub fn propagates(&self, layer: u32) -> bool {
         layer as usize <= self.lpa_layers
     }

@@ -71,7 +71,7 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     let (mut labels, rounds) = if params.propagates(layer) {
         (replicas.iter().map(|r| (r.clone(), r.clone())).collect(), params.lpa_rounds)
     } else {
-        (strongest_link_components(&replicas, &radj, params.max_cluster_size), 0)
+        (strongest_link_groups(&replicas, &radj, params.max_cluster_size), 0)
     };
     for round in 0..rounds {
         let mut next = BTreeMap::new();
@@ -110,9 +110,9 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     out
 }
 
-/// Each replica's label under strongest-link components: its group of its component of strongest links
-/// ([`link_groups`]), named by the group's smallest replica.
-fn strongest_link_components(
+/// Each replica's label under strongest-link groups: the head of its group in its component of strongest links
+/// ([`link_groups`]).
+fn strongest_link_groups(
     replicas: &BTreeSet<Replica>,
     radj: &BTreeMap<Replica, Vec<(Replica, u64)>>,
     max: usize,
