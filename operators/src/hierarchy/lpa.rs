@@ -14,7 +14,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
 
 use super::slots::Slots;
-use super::{active, link_groups, replica_hash, Replica};
+use super::{active, link_groups, replica_hash, strongest_link, Replica};
 
 /// One replica graph and its labels.
 #[derive(Default)]
@@ -281,23 +281,16 @@ impl Lpa {
         self.changes(old_final, born)
     }
 
-    /// A live replica's strongest link: the live neighbour of the largest total weight, ties to the smallest, with
-    /// that weight.
+    /// A live replica's strongest link with its weight, by the reference's rule ([`super::strongest_link`]).
     fn strongest(&self, s: u32) -> Option<(u32, u128)> {
-        let mut links: Vec<(u32, u128)> = self.adj[s as usize]
+        let mut links: Vec<(&Replica, u32, u128)> = self.adj[s as usize]
             .iter()
             .filter(|(n, _, m)| *m > 0 && self.live(*n))
-            .map(|(n, w, m)| (*n, u128::from(*w) * *m as u128))
+            .map(|(n, w, m)| (self.slots.key(*n), *n, u128::from(*w) * *m as u128))
             .collect();
-        links.sort_unstable();
-        let mut best: Option<(u32, u128)> = None;
-        for group in links.chunk_by(|a, b| a.0 == b.0) {
-            let (n, w) = (group[0].0, group.iter().map(|l| l.1).sum::<u128>());
-            if best.is_none_or(|(b, bw)| w > bw || (w == bw && self.order(n, b) == Ordering::Less)) {
-                best = Some((n, w));
-            }
-        }
-        best
+        links.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let (best, w) = strongest_link(links.iter().map(|(r, _, w)| (*r, *w)))?;
+        links.iter().find(|l| l.0 == best).map(|l| (l.1, w))
     }
 
     /// The label of live replica `s` after `round`, from its neighbours' labels after the round before.
