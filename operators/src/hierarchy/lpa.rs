@@ -36,6 +36,8 @@ pub struct Lpa {
     /// is.
     link: Vec<Option<(u32, u128)>>,
     linked_from: Vec<Vec<u32>>,
+    /// With components: each slot's [`replica_hash`], taken when the slot gets its key.
+    hash: Vec<u64>,
 }
 
 /// A change of the replica graph: a replica `(r, None)` or a directed edge `(x, Some((y, weight)))`.
@@ -59,6 +61,7 @@ impl Lpa {
     }
 
     fn slot_of(&mut self, r: &Replica) -> u32 {
+        let fresh = !self.slots.contains(r);
         let (s, new) = self.slots.intern(r);
         if new {
             self.present.push(0);
@@ -66,6 +69,10 @@ impl Lpa {
             self.labels.push(Vec::new());
             self.link.push(None);
             self.linked_from.push(Vec::new());
+            self.hash.push(0);
+        }
+        if fresh && self.components {
+            self.hash[s as usize] = replica_hash(r);
         }
         s
     }
@@ -263,7 +270,7 @@ impl Lpa {
             let at: HashMap<u32, usize> = comp.iter().enumerate().map(|(i, s)| (*s, i)).collect();
             let links: Vec<Option<(usize, u128)>> =
                 comp.iter().map(|s| self.link[*s as usize].map(|(p, w)| (at[&p], w))).collect();
-            let hashes: Vec<u64> = comp.iter().map(|s| replica_hash(self.slots.key(*s))).collect();
+            let hashes: Vec<u64> = comp.iter().map(|s| self.hash[*s as usize]).collect();
             for (i, head) in link_groups(&links, &hashes, self.max).into_iter().enumerate() {
                 let (s, label) = (comp[i], comp[head]);
                 let slot = &mut self.labels[s as usize];

@@ -38,6 +38,15 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         (s, new)
     }
 
+    /// Whether `k` holds a slot now.
+    pub fn contains<Q>(&self, k: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.index.contains_key(k)
+    }
+
     /// The key of a slot (a released slot keeps its key until it is reused).
     pub fn key(&self, s: u32) -> &K {
         &self.keys[s as usize]
