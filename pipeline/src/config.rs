@@ -656,6 +656,8 @@ mod tests {
         assert!(e.contains("relation"), "{e}");
         let e = load(None, &[("ENGRAM__HIERARCHY__POOL_LOOSE_NEIGHBOURS", "maybe")]).unwrap_err().to_string();
         assert!(e.contains("pool-loose-neighbours") || e.contains("pool_loose_neighbours"), "{e}");
+        let e = load(None, &[("ENGRAM__HIERARCHY__LPA_LAYERS", "two")]).unwrap_err().to_string();
+        assert!(e.contains("lpa-layers") || e.contains("lpa_layers"), "{e}");
         let e = load(None, &[("ENGRAM__QUERY__ANN_EF_SEARCH", "0")]).unwrap_err().to_string();
         assert!(e.contains("query.ann-ef-search"), "{e}");
     }
