@@ -93,7 +93,7 @@ pub(crate) fn l2_normalise(mut v: Vec<f32>) -> Embedding {
     if norm > 0.0 {
         v.iter_mut().for_each(|x| *x /= norm);
     }
-    Embedding(v)
+    Embedding(v.into())
 }
 
 /// A logged embedding: `{"model":M,"key":H,"vector":[…]}`.
@@ -106,9 +106,15 @@ pub struct LoggedEmbedding {
 
 pub type EmbeddingLog = JsonLog<LoggedEmbedding>;
 
-/// The key of a text in the embedding log: the text's 128-bit content key.
+/// The key of a text in the embedding log: the text's content key. Not scoped by space: a vector is a function of
+/// the model and the text alone, and one text sent to many spaces is embedded once.
 pub fn text_key(text: &str) -> String {
     content_hex(text.as_bytes())
+}
+
+/// The key a log written before [`text_key`] holds a text's vector under.
+pub fn legacy_text_key(text: &str) -> String {
+    operators::hash::legacy_content_hex(text.as_bytes())
 }
 
 #[cfg(feature = "local-embedder")]

@@ -44,6 +44,10 @@ pub struct LoggedResponse {
     /// reuse is lost.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient_coverage")]
     pub covers: Option<operators::summary::Coverage>,
+    /// Why this is the extractive answer and not the model's: the model failed at the request `llm.max-failures`
+    /// times (the last reason). Absent for the model's own replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 fn lenient_coverage<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<operators::summary::Coverage>, D::Error> {
@@ -193,6 +197,25 @@ impl<T: Serialize + serde::de::DeserializeOwned> JsonLog<T> {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Replaces the log at `path` with `records`, in order, atomically: written aside, fsync'd, renamed over the
+    /// old file, the directory fsync'd. A crash leaves the old log or the new one, never a mix. A log open for
+    /// appends at `path` keeps writing to the old file: open it again afterwards.
+    pub fn rewrite(path: &Path, records: &[T]) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(records.len() * 256);
+        for r in records {
+            encode(&mut buf, r)?;
+        }
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".compact");
+        let aside = std::path::PathBuf::from(aside);
+        let mut f = File::create(&aside)?;
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&aside, path)?;
+        sync_parent(path)
     }
 
     /// Why the log refuses appends, if it does.
@@ -353,6 +376,7 @@ mod tests {
             key: "k".into(),
             response: "S".into(),
             covers: Some(cov.clone()),
+            fallback: None,
         };
         log.append(std::slice::from_ref(&r)).unwrap();
         drop(log);
@@ -447,6 +471,7 @@ mod tests {
             key: "k2".into(),
             response: "T".into(),
             covers: None,
+            fallback: None,
         };
         log.append(std::slice::from_ref(&r)).unwrap();
         let replay = ResponseLog::replay(&p).unwrap();

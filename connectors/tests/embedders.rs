@@ -33,7 +33,7 @@ struct Server {
 
 /// The server's "model": a 16-dimensional hash embedding, scaled by 3 so that normalisation is visible.
 fn server_vector(text: &str) -> Vec<f32> {
-    HashEmbedder::new(16).embed(text).0.into_iter().map(|x| 3.0 * x).collect()
+    HashEmbedder::new(16).embed(text).0.iter().map(|x| 3.0 * x).collect()
 }
 
 async fn embeddings(State(srv): State<Arc<Server>>, Json(body): Json<Value>) -> Response {
@@ -110,7 +110,7 @@ async fn embed(
             Err(e) => return (Err(e), String::new()),
         };
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = e.embed_batch(&refs).into_iter().map(|e| e.0).collect();
+        let out = e.embed_batch(&refs).into_iter().map(|e| e.0.to_vec()).collect();
         let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
         (Ok(out), text)
     })
@@ -205,7 +205,7 @@ fn local_minilm_matches_sentence_transformers() {
     }
     // One at a time equals in a batch.
     let single = e.embed(texts[1]);
-    let cos: f32 = single.0.iter().zip(&got[1].0).map(|(a, b)| a * b).sum();
+    let cos: f32 = single.0.iter().zip(got[1].0.iter()).map(|(a, b)| a * b).sum();
     assert!(cos > 0.99999);
     // A missing directory is a clear error.
     let err = LocalEmbedder::load(std::path::Path::new("/nonexistent/model"), 8).err().unwrap();

@@ -125,7 +125,12 @@ where
                     let (cap, rows) = pending.remove(&t).expect("first key");
                     let mut by_space: BTreeMap<String, Vec<(D, isize)>> = BTreeMap::new();
                     for (row, d) in rows {
-                        by_space.entry(space(&row).to_string()).or_default().push((row, d));
+                        match by_space.get_mut(space(&row)) {
+                            Some(rows) => rows.push((row, d)),
+                            None => {
+                                by_space.insert(space(&row).to_string(), vec![(row, d)]);
+                            }
+                        }
                     }
                     let mut session = output.session(&cap);
                     for (s, changes) in by_space {

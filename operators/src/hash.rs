@@ -35,25 +35,36 @@ pub fn mixed(bytes: &[u8]) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The 128-bit content key of `bytes`: FNV-1a over them and over them reversed, two 64-bit hashes so that a
-/// collision (which would serve one content another's logged reply) is vanishingly unlikely by chance. Every content
-/// key of the memory — cluster summaries, sessions, co-reference pairs, query-time calls, cluster and event ids,
-/// logged embeddings — is this function over the content's bytes, so logged replies stay keyed across restarts.
-pub fn content_key(bytes: &[u8]) -> (u64, u64) {
-    let rev: Vec<u8> = bytes.iter().rev().copied().collect();
-    (fnv1a(bytes), fnv1a(&rev))
+/// The content key of `bytes`: BLAKE3 over them, cut to 160 bits. Every content key of the memory — cluster
+/// summaries, sessions, co-reference pairs, query-time calls, cluster and event ids, logged embeddings — is this
+/// function over the content's bytes, so logged replies stay keyed across restarts. A cryptographic hash, because
+/// the content is the senders' text: with a hash anyone can collide on purpose, one sender's content could be served
+/// another's logged reply, or two events share an id.
+pub fn content_key(bytes: &[u8]) -> [u8; 20] {
+    let mut out = [0u8; 20];
+    out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..20]);
+    out
 }
 
-/// [`content_key`] as 32 hex digits.
+/// [`content_key`] as 40 hex digits.
 pub fn content_hex(bytes: &[u8]) -> String {
-    let (a, b) = content_key(bytes);
-    format!("{a:016x}{b:016x}")
+    hex(&content_key(bytes))
 }
 
-/// [`content_key`] cut to 96 bits, as 24 hex digits: the shorter form node ids use.
+/// BLAKE3 cut to 96 bits, as 24 hex digits: the shorter form derived ids (clusters, events) use.
 pub fn content_hex96(bytes: &[u8]) -> String {
-    let (a, b) = content_key(bytes);
-    format!("{a:016x}{:08x}", b as u32)
+    hex(&blake3::hash(bytes).as_bytes()[..12])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The content key logs written before [`content_key`] used: FNV-1a over the bytes and over them reversed, as 32
+/// hex digits. Read only, to find an old log's reply for a request ([`crate::request::legacy_key`]); never written.
+pub fn legacy_content_hex(bytes: &[u8]) -> String {
+    let rev: Vec<u8> = bytes.iter().rev().copied().collect();
+    format!("{:016x}{:016x}", fnv1a(bytes), fnv1a(&rev))
 }
 
 #[cfg(test)]
@@ -61,10 +72,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn content_keys_are_fnv_forwards_and_backwards() {
-        assert_eq!(content_key(b"ab"), (fnv1a(b"ab"), fnv1a(b"ba")));
-        assert_eq!(content_hex(b"ab"), format!("{:016x}{:016x}", fnv1a(b"ab"), fnv1a(b"ba")));
-        assert_eq!(content_hex96(b"ab"), format!("{:016x}{:08x}", fnv1a(b"ab"), fnv1a(b"ba") as u32));
+    fn content_keys_are_blake3_and_legacy_keys_fnv_forwards_and_backwards() {
+        // BLAKE3("abc") begins 6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85.
+        assert_eq!(content_hex(b"abc"), "6437b3ac38465133ffb63b75273a8db548c55846");
+        assert_eq!(content_hex96(b"abc"), "6437b3ac38465133ffb63b75");
+        assert_eq!(legacy_content_hex(b"ab"), format!("{:016x}{:016x}", fnv1a(b"ab"), fnv1a(b"ba")));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::chunk::chunk_text;
-use crate::model::{Node, NodeKind, POSITION_SCALE};
+use crate::model::{chunk_id, turn_id, Node, NodeKind, POSITION_SCALE};
 use crate::record::Record;
 
 /// A change to layer 0: `(space, node, +1 | -1)`.
@@ -15,14 +15,20 @@ pub type NodeDelta = (String, Node, isize);
 pub struct Ingestor {
     /// Token budget of a chunk (CAM: 512).
     pub chunk_tokens: usize,
-    /// (space, doc) → unit key → the nodes of that unit. A unit is what one record replaces: a chunk `seq`, a turn,
-    /// or (for a `document` record) the whole document under the key "".
+    /// (space, doc) → unit key → the nodes of that unit. A unit is what one record replaces: a chunk `seq`
+    /// (`c` and the seq, zero-padded: a `document` record's chunk `i` is unit `i`) or a turn (`t` and its name). A
+    /// document and a conversation of one name share the entry (a delete names either) but never a unit.
     docs: HashMap<(String, String), BTreeMap<String, Vec<Node>>>,
 }
 
 impl Ingestor {
     pub fn new(chunk_tokens: usize) -> Self {
         Ingestor { chunk_tokens, docs: HashMap::new() }
+    }
+
+    /// Every live layer-0 node, over all spaces.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.docs.values().flat_map(|d| d.values()).flatten()
     }
 
     /// Number of live layer-0 nodes over all spaces.
@@ -48,7 +54,7 @@ impl Ingestor {
                     .into_iter()
                     .enumerate()
                     .map(|(p, text)| Node {
-                        id: if count == 1 { format!("{doc}#{seq}") } else { format!("{doc}#{seq}.{p}") },
+                        id: chunk_id(&doc, seq, (count > 1).then_some(p)),
                         kind: NodeKind::Chunk,
                         doc: doc.clone(),
                         pos: seq * POSITION_SCALE + (p as i64) * POSITION_SCALE / count,
@@ -57,14 +63,14 @@ impl Ingestor {
                         ts: ts.clone(),
                     })
                     .collect();
-                self.replace(space, doc, format!("{seq:020}"), nodes, &mut out);
+                self.replace(space, doc, chunk_unit(seq), nodes, &mut out);
             }
             Record::Document { space, doc, text, ts } => {
-                let nodes = chunk_text(&text, self.chunk_tokens)
+                let nodes: Vec<Node> = chunk_text(&text, self.chunk_tokens)
                     .into_iter()
                     .enumerate()
                     .map(|(i, text)| Node {
-                        id: format!("{doc}#{i}"),
+                        id: chunk_id(&doc, i as i64, None),
                         kind: NodeKind::Chunk,
                         doc: doc.clone(),
                         pos: i as i64 * POSITION_SCALE,
@@ -73,16 +79,19 @@ impl Ingestor {
                         ts: ts.clone(),
                     })
                     .collect();
-                // A whole document replaces every unit of it, chunk records included.
+                // A whole document replaces every unit of it, chunk records included; its chunk `i` is the unit a
+                // chunk record of `seq` i replaces, so the two never hold one id twice.
                 if let Some(units) = self.docs.remove(&(space.clone(), doc.clone())) {
                     out.extend(units.into_values().flatten().map(|n| (space.clone(), n, -1)));
                 }
-                self.replace(space, doc, String::new(), nodes, &mut out);
+                for (i, node) in nodes.into_iter().enumerate() {
+                    self.replace(space.clone(), doc.clone(), chunk_unit(i as i64), vec![node], &mut out);
+                }
             }
             Record::Turn { space, conversation, turn, speaker, text, ts, seq } => {
                 let pos = seq.unwrap_or_else(|| turn_position(&turn)) * POSITION_SCALE;
                 let node = Node {
-                    id: format!("{conversation}#{turn}"),
+                    id: turn_id(&conversation, &turn),
                     kind: NodeKind::Turn,
                     doc: conversation.clone(),
                     pos,
@@ -90,7 +99,7 @@ impl Ingestor {
                     speaker: Some(speaker),
                     ts,
                 };
-                self.replace(space, conversation, turn, vec![node], &mut out);
+                self.replace(space, conversation, turn_unit(&turn), vec![node], &mut out);
             }
         }
         out
@@ -103,6 +112,16 @@ impl Ingestor {
         }
         out.extend(nodes.into_iter().map(|n| (space.clone(), n, 1)));
     }
+}
+
+/// The unit a chunk record of `seq` replaces (a `document` record's chunk `seq` too).
+pub fn chunk_unit(seq: i64) -> String {
+    format!("c{seq:020}")
+}
+
+/// The unit a turn record replaces.
+pub fn turn_unit(turn: &str) -> String {
+    format!("t{turn}")
 }
 
 /// The order of a turn within its conversation, from ids of the LoCoMo form `D<session>:<turn>` (sessions kept
@@ -158,5 +177,74 @@ mod tests {
         assert_eq!(turn_position("D12:3"), 120_003);
         assert_eq!(turn_position("t-7"), 7);
         assert_eq!(turn_position("hello"), 0);
+    }
+
+    fn turn(conversation: &str, turn: &str, text: &str) -> Record {
+        Record::Turn {
+            space: "s".into(),
+            conversation: conversation.into(),
+            turn: turn.into(),
+            speaker: "Ana".into(),
+            text: text.into(),
+            ts: None,
+            seq: None,
+        }
+    }
+
+    fn live(ing: &Ingestor) -> Vec<String> {
+        let mut ids: Vec<String> = ing.docs.values().flat_map(|d| d.values()).flatten().map(|n| n.id.clone()).collect();
+        ids.sort();
+        ids
+    }
+
+    /// Names chosen to collide under a plain `doc#unit`: each record keeps its own node, and a delete of the shared
+    /// name retracts exactly the nodes under it.
+    #[test]
+    fn adversarial_names_never_share_an_id() {
+        let mut ing = Ingestor::new(512);
+        let records = [
+            chunk("a", 1, "chunk a 1"),
+            turn("a", "1", "turn a 1"),
+            turn("a", "00000000000000000001", "turn a padded 1"),
+            chunk("a#1", 2, "chunk a#1 2"),
+            turn("a", "1#2", "turn a 1#2"),
+            turn("a%231", "2", "turn a%231 2"),
+            turn("a", "1.0", "turn a 1.0"),
+        ];
+        for r in records.clone() {
+            ing.apply(r);
+        }
+        let ids = live(&ing);
+        assert_eq!(ids.len(), records.len(), "{ids:?}");
+        let unique: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "{ids:?}");
+        for id in &ids {
+            let (doc, _) = crate::model::split_node_id(id).unwrap();
+            assert!(["a", "a#1", "a%231"].contains(&doc.as_str()), "{id} reads back as {doc}");
+        }
+        assert_eq!(crate::model::split_node_id("a%231#%312").unwrap(), ("a#1".to_string(), "12".to_string()));
+        let gone = ing.apply(Record::Delete { space: "s".into(), doc: "a".into() });
+        assert_eq!(gone.len(), 5, "{gone:?}");
+        assert!(gone.iter().all(|(_, n, d)| *d == -1 && n.doc == "a"));
+        assert_eq!(ing.node_count(), 2);
+    }
+
+    /// A chunk record of `seq` i after a document replaces the document's chunk i, rather than adding a second node
+    /// of that id.
+    #[test]
+    fn a_chunk_record_replaces_the_chunk_of_a_document_it_names() {
+        let mut ing = Ingestor::new(4);
+        ing.apply(Record::Document {
+            space: "s".into(),
+            doc: "d".into(),
+            text: "one two three four. five six seven eight.".into(),
+            ts: None,
+        });
+        let before = live(&ing);
+        assert!(before.len() >= 2, "{before:?}");
+        let d = ing.apply(chunk("d", 0, "zero"));
+        assert_eq!(d.iter().filter(|x| x.2 == -1).count(), 1, "{d:?}");
+        assert_eq!(live(&ing), before, "same ids, one text replaced");
+        assert_eq!(ing.docs.values().flat_map(|u| u.values()).flatten().filter(|n| n.text == "zero").count(), 1);
     }
 }

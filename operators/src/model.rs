@@ -40,16 +40,82 @@ impl Node {
     }
 }
 
-/// Dot product in eight independent lanes (the compiler vectorises it), summed in a fixed order: deterministic,
-/// and the same wherever it runs.
+/// The id of a document's chunk: `DOC#SEQ`, or `DOC#SEQ.PART` when a chunk record is split. The id of a
+/// conversation's turn: `CONVERSATION#TURN`. Names keep their bytes except `%` and `#` (written `%25`, `%23`), and a
+/// turn name's leading digit (written `%3X`): so the `#` that separates is the only one, a chunk's tail always begins
+/// with a digit and a turn's never does — no chunk, turn or derived id (`L…:`, `E:…`, which have no `#`) can be
+/// another's, whatever the names. [`split_node_id`] reads one back.
+pub fn chunk_id(doc: &str, seq: i64, part: Option<usize>) -> String {
+    match part {
+        None => format!("{}#{seq}", escape_name(doc, false)),
+        Some(p) => format!("{}#{seq}.{p}", escape_name(doc, false)),
+    }
+}
+
+/// See [`chunk_id`].
+pub fn turn_id(conversation: &str, turn: &str) -> String {
+    format!("{}#{}", escape_name(conversation, false), escape_name(turn, true))
+}
+
+fn escape_name(name: &str, digit_first: bool) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, c) in name.chars().enumerate() {
+        match c {
+            '%' => out.push_str("%25"),
+            '#' => out.push_str("%23"),
+            '0'..='9' if digit_first && i == 0 => {
+                out.push('%');
+                out.push_str(&format!("{:02X}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn unescape_name(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A layer-0 id read back: `(document or conversation, the unit's name)` — the chunk's `SEQ` or `SEQ.PART`, or the
+/// turn's name. `None` for anything else (a cluster or event id).
+pub fn split_node_id(id: &str) -> Option<(String, String)> {
+    let (doc, unit) = id.split_once('#')?;
+    Some((unescape_name(doc)?, unescape_name(unit)?))
+}
+
+/// Lanes of [`dot`]: 32 partial sums, so that a core runs several independent chains of adds (eight SSE registers)
+/// instead of waiting on one.
+const LANES: usize = 32;
+
+/// Dot product in 32 independent lanes (the compiler vectorises it), summed in a fixed order: deterministic, and the
+/// same wherever it runs (no fused multiply-add).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes(a, b)
+}
+
+#[inline(always)]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
     for (x, y) in (&mut ca).zip(&mut cb) {
-        for i in 0..8 {
+        for i in 0..LANES {
             acc[i] += x[i] * y[i];
         }
     }
@@ -57,7 +123,15 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
         tail += x * y;
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    // A fixed tree: lane i with lane i + 16, then i + 8, i + 4, i + 2, i + 1.
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0] + tail
 }
 
 /// Cosine distance for L2-normalised vectors (`1 − dot`), for the HNSW index: hnsw_rs's `DistCosine` recomputes
@@ -71,14 +145,25 @@ impl hnsw_rs::prelude::Distance<f32> for UnitCosine {
     }
 }
 
+/// The cosine of two unit vectors as the similarity graph scores it: `1 −` the HNSW index's distance, bit for bit,
+/// so that a search hit's distance gives the same score as a computation from the vectors.
+pub fn unit_cos(a: &[f32], b: &[f32]) -> f32 {
+    1.0 - (1.0 - dot(a, b)).max(0.0)
+}
+
 /// An L2-normalised embedding (or all zeros for a text with no features). Ordered bitwise so that it can travel in a
-/// differential collection; the order means nothing beyond determinism.
+/// differential collection; the order means nothing beyond determinism. Shared: the dataflow's copies, the
+/// similarity index's and the views' are one allocation (serialised as the plain sequence of its values).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Embedding(pub Vec<f32>);
+pub struct Embedding(pub std::sync::Arc<[f32]>);
 
 impl Embedding {
     pub fn dot(&self, other: &Embedding) -> f32 {
         dot(&self.0, &other.0)
+    }
+    /// [`unit_cos`] of two embeddings.
+    pub fn cos(&self, other: &Embedding) -> f32 {
+        unit_cos(&self.0, &other.0)
     }
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|x| *x == 0.0)
@@ -130,4 +215,61 @@ pub struct ErrorRow {
     /// The space it was sent to, when that is known (what an API token must reach to see it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space: Option<String>,
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![Just("a".to_string()), Just("1".to_string()), "[a1#%.:]{1,4}", "\\PC{1,3}"]
+    }
+
+    proptest! {
+        /// Different (kind, name, unit) never give one id, and every id reads back as its names.
+        #[test]
+        fn ids_are_injective_and_read_back(a in name(), b in name(), c in name(), d in name(), s in 0i64..20, t in 0i64..20) {
+            let ids = [
+                (chunk_id(&a, s, None), (a.clone(), s.to_string())),
+                (chunk_id(&c, t, Some(1)), (c.clone(), format!("{t}.1"))),
+                (turn_id(&a, &b), (a.clone(), b.clone())),
+                (turn_id(&c, &d), (c.clone(), d.clone())),
+            ];
+            for (id, names) in &ids {
+                prop_assert_eq!(&split_node_id(id).unwrap(), names);
+                prop_assert_eq!(id.matches('#').count(), 1);
+            }
+            let turns_equal = a == c && b == d;
+            prop_assert_eq!(ids[2].0 == ids[3].0, turns_equal);
+            for (i, j) in [(0, 2), (0, 3), (1, 2), (1, 3), (0, 1)] {
+                prop_assert_ne!(&ids[i].0, &ids[j].0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seeded vectors of awkward lengths: the plain sum, symmetric to the bit.
+    #[test]
+    fn dot_is_the_plain_sum_and_symmetric() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for n in [0, 1, 7, 31, 32, 33, 100, 384, 1000, 1024, 1536] {
+            let a: Vec<f32> = (0..n).map(|_| next()).collect();
+            let b: Vec<f32> = (0..n).map(|_| next()).collect();
+            let plain: f64 = a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+            let d = dot(&a, &b);
+            assert!((f64::from(d) - plain).abs() < 1e-4, "n = {n}: {d} against {plain}");
+            assert_eq!(d.to_bits(), dot(&b, &a).to_bits(), "n = {n}: symmetric");
+        }
+    }
 }

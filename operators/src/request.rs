@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::content_hex;
+use crate::hash::{content_hex, legacy_content_hex};
 use crate::llm::{EventDraft, EventIn, Llm, LlmError, RelationDraft, TurnIn};
 
 const SESSION_PREFIX: &str = "seg:";
@@ -70,6 +70,44 @@ impl ModelRequest {
         }
     }
 
+    /// The key an earlier build logged this request's reply under. Upper-layer summaries and judgements name
+    /// clusters and events by ids that were derived with the earlier hash too, so an old log answers only the
+    /// requests over chunks and turns: layer-1 summaries and sessions.
+    pub fn legacy_key(&self) -> String {
+        match self {
+            ModelRequest::Summary { members, .. } => {
+                let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
+                members_key(&refs, legacy_content_hex)
+            }
+            ModelRequest::Session { turns, .. } => turns_key(turns, legacy_content_hex),
+            ModelRequest::Judge { pair: [a, b] } => pair_key((&a.0, &a.1), (&b.0, &b.1), legacy_content_hex),
+        }
+    }
+
+    /// An old log's reply for this request, made fit to log under `key`: a session's answer names the key it
+    /// answers, which becomes `key`.
+    pub fn upgrade_reply(&self, reply: &str, key: &str) -> Option<String> {
+        match self {
+            ModelRequest::Session { .. } => {
+                let mut answer: SessionAnswer = serde_json::from_str(reply).ok()?;
+                answer.key = key.to_string();
+                serde_json::to_string(&answer).ok()
+            }
+            _ => Some(reply.to_string()),
+        }
+    }
+
+    /// The answer logged in place of the model's when the model keeps failing at this request: the extractive
+    /// backend's summary or segmentation, and `different` for a judgement (no merge, no link, without evidence).
+    pub fn fallback(&self, extractive: &dyn Llm, key: &str) -> Result<String, LlmError> {
+        match self {
+            ModelRequest::Judge { .. } => {
+                Ok(serde_json::json!({ "verdict": crate::llm::Verdict::Different }).to_string())
+            }
+            _ => self.ask(extractive, key),
+        }
+    }
+
     /// Asks `llm`, returning the reply as it is logged under `key` (the request's content key).
     pub fn ask(&self, llm: &dyn Llm, key: &str) -> Result<String, LlmError> {
         match self {
@@ -100,8 +138,11 @@ impl ModelRequest {
     }
 }
 
-/// The content key of a cluster: its members' ids and texts, in id order.
-pub fn summary_key(members: &[(&str, &str)]) -> String {
+/// How a key's bytes become its hex digits: [`content_hex`] for every key written, [`legacy_content_hex`] only to find
+/// the replies of a log written before it.
+type Hex = fn(&[u8]) -> String;
+
+fn members_key(members: &[(&str, &str)], hex: Hex) -> String {
     let mut key = Vec::new();
     for (id, text) in members {
         key.extend_from_slice(id.as_bytes());
@@ -109,11 +150,10 @@ pub fn summary_key(members: &[(&str, &str)]) -> String {
         key.extend_from_slice(text.as_bytes());
         key.push(0x1f);
     }
-    content_hex(&key)
+    hex(&key)
 }
 
-/// The content key of a session: its turns (ids, speakers, times, texts), in order.
-pub fn session_key(turns: &[TurnIn]) -> String {
+fn turns_key(turns: &[TurnIn], hex: Hex) -> String {
     let mut key = Vec::new();
     for t in turns {
         for part in [&t.id, &t.speaker, t.ts.as_deref().unwrap_or(""), &t.text] {
@@ -122,19 +162,50 @@ pub fn session_key(turns: &[TurnIn]) -> String {
         }
         key.push(0x1e);
     }
-    format!("{SESSION_PREFIX}{}", content_hex(&key))
+    format!("{SESSION_PREFIX}{}", hex(&key))
+}
+
+fn pair_key(a: (&str, &str), b: (&str, &str), hex: Hex) -> String {
+    format!("{JUDGE_PREFIX}{}", members_key(&[a, b], hex))
+}
+
+fn stage_key(stage: &str, inputs: &[&str], hex: Hex) -> String {
+    let parts: Vec<(String, &str)> = inputs.iter().enumerate().map(|(i, x)| (i.to_string(), *x)).collect();
+    let refs: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    format!("{QUERY_PREFIX}{stage}:{}", members_key(&refs, hex))
+}
+
+/// The content key of a cluster: its members' ids and texts, in id order.
+pub fn summary_key(members: &[(&str, &str)]) -> String {
+    members_key(members, content_hex)
+}
+
+/// The content key of a session: its turns (ids, speakers, times, texts), in order.
+pub fn session_key(turns: &[TurnIn]) -> String {
+    turns_key(turns, content_hex)
 }
 
 /// The content key of a judged pair: its two events' ids and descriptions, so an edited event is judged again.
 pub fn judge_key(a: (&str, &str), b: (&str, &str)) -> String {
-    format!("{JUDGE_PREFIX}{}", summary_key(&[a, b]))
+    pair_key(a, b, content_hex)
 }
 
 /// The content key of a query-time call: its stage and inputs, in order.
 pub fn query_key(stage: &str, inputs: &[&str]) -> String {
-    let parts: Vec<(String, &str)> = inputs.iter().enumerate().map(|(i, x)| (i.to_string(), *x)).collect();
-    let refs: Vec<(&str, &str)> = parts.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    format!("{QUERY_PREFIX}{stage}:{}", summary_key(&refs))
+    stage_key(stage, inputs, content_hex)
+}
+
+/// The key an earlier build logged a query-time call's reply under ([`legacy_content_hex`]).
+pub fn legacy_query_key(stage: &str, inputs: &[&str]) -> String {
+    stage_key(stage, inputs, legacy_content_hex)
+}
+
+/// Whether a logged key is of the earlier form (32 hex digits after its prefix, where keys now have 40). Such a reply
+/// is never an input as it stands: it is found by [`ModelRequest::legacy_key`] when its request comes round, and
+/// logged again under the request's key.
+pub fn is_legacy_key(key: &str) -> bool {
+    let tail = key.rsplit(':').next().unwrap_or(key);
+    tail.len() == 32 && tail.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// A model's answer for one session, as logged:
@@ -168,14 +239,46 @@ mod tests {
     }
 
     /// The keys of logged replies are part of the on-disk format: a response log written by an earlier build must
-    /// still be found, so these values (computed with the formulas of the first logged format) may not change.
+    /// still be found, so these values may not change — neither today's nor the earlier form's.
     #[test]
     fn keys_keep_their_logged_values() {
-        assert_eq!(summary_key(&[("a", "x")]), "e1a448822cbe0a4ff1e84830aec1b84f");
+        assert_eq!(summary_key(&[("a", "x")]), "961023858288f9ba2174a84ce2eea1161dff4294");
         let t = TurnIn { id: "c#1".into(), speaker: "Ana".into(), text: "hi".into(), ts: None };
-        assert_eq!(session_key(&[t]), "seg:57e629f0bdb8ef4f0657dd4aa26c7ebf");
-        assert_eq!(judge_key(("E:1", "a"), ("E:2", "b")), "coref:52577b0b965c9bb1caab679e746a7fe1");
-        assert_eq!(query_key("plan", &["q"]), "q:plan:5e93d8fa44111c6b3f997230daaf99db");
+        assert_eq!(session_key(std::slice::from_ref(&t)), "seg:099363001eef6462b2f8bd24e3e2b4fe676c3175");
+        assert_eq!(judge_key(("E:1", "a"), ("E:2", "b")), "coref:9a0de42a0355f952506ef22091dc3c56389ad6a0");
+        assert_eq!(query_key("plan", &["q"]), "q:plan:70e8451772f4561d18b5fd942dc0d8c7acda3147");
+        let summary =
+            ModelRequest::Summary { layer: 1, cluster: "L1:x".into(), members: vec![("a".into(), "x".into())] };
+        assert_eq!(summary.legacy_key(), "e1a448822cbe0a4ff1e84830aec1b84f");
+        let session = ModelRequest::Session { conversation: "c".into(), session: 0, turns: vec![t] };
+        assert_eq!(session.legacy_key(), "seg:57e629f0bdb8ef4f0657dd4aa26c7ebf");
+        let judge = ModelRequest::Judge { pair: [("E:1".into(), "a".into()), ("E:2".into(), "b".into())] };
+        assert_eq!(judge.legacy_key(), "coref:52577b0b965c9bb1caab679e746a7fe1");
+        assert_eq!(legacy_query_key("plan", &["q"]), "q:plan:5e93d8fa44111c6b3f997230daaf99db");
+        for legacy in [summary.legacy_key(), session.legacy_key(), legacy_query_key("plan", &["q"])] {
+            assert!(is_legacy_key(&legacy), "{legacy}");
+        }
+        assert!(!is_legacy_key(&summary_key(&[("a", "x")])));
+        assert!(!is_legacy_key(&query_key("plan", &["q"])));
+    }
+
+    #[test]
+    fn an_old_session_reply_is_logged_again_under_the_new_key() {
+        let t = TurnIn { id: "c#1".into(), speaker: "Ana".into(), text: "hi".into(), ts: None };
+        let request = ModelRequest::Session { conversation: "c".into(), session: 0, turns: vec![t.clone()] };
+        let old = SessionAnswer {
+            events: vec![],
+            relations: vec![],
+            conversation: "c".into(),
+            session: 0,
+            turn_ids: vec!["c#1".into()],
+            key: request.legacy_key(),
+        };
+        let new_key = session_key(&[t]);
+        let up = request.upgrade_reply(&serde_json::to_string(&old).unwrap(), &new_key).unwrap();
+        let up: SessionAnswer = serde_json::from_str(&up).unwrap();
+        assert_eq!(up, SessionAnswer { key: new_key, ..old });
+        assert_eq!(request.upgrade_reply("not json", "k"), None);
     }
 
     #[test]

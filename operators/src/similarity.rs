@@ -23,12 +23,13 @@
 //! index is rebuilt when tombstones outnumber the living.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hnsw_rs::prelude::Hnsw;
 use serde::{Deserialize, Serialize};
 
+use crate::fasthash::{HashMap, HashSet};
 use crate::model::{Edge, Embedding, Node, UnitCosine, POSITION_SCALE};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,7 +112,7 @@ impl SimilarityParams {
     /// The similarity score of two nodes. Symmetric, and computed in one fixed order so that it is bit-identical
     /// wherever it is computed.
     pub fn score(&self, a: (&str, i64, &Embedding), b: (&str, i64, &Embedding)) -> f32 {
-        self.mix(a.2.dot(b.2), self.positional_term((a.0, a.1), (b.0, b.1)))
+        self.mix(a.2.cos(b.2), self.positional_term((a.0, a.1), (b.0, b.1)))
     }
 
     /// The positional term of two nodes `(doc, position)`: the Gaussian inside the window of one document, else 0.
@@ -227,12 +228,12 @@ impl SimilarityIndex {
             params,
             hnsw,
             classes: Vec::new(),
-            by_vector: HashMap::new(),
+            by_vector: HashMap::default(),
             tombstones: 0,
-            entries: HashMap::new(),
-            by_doc: HashMap::new(),
-            topk: HashMap::new(),
-            holders: HashMap::new(),
+            entries: HashMap::default(),
+            by_doc: HashMap::default(),
+            topk: HashMap::default(),
+            holders: HashMap::default(),
             bars: BTreeSet::new(),
         }
     }
@@ -387,7 +388,7 @@ impl SimilarityIndex {
     /// [`SimilarityParams::score`] of two entries, bit for bit.
     fn score_entries(&self, a: &Entry, b: &Entry) -> f32 {
         let cos = match (a.class, b.class) {
-            (Some(x), Some(y)) => self.class(x).emb.dot(&self.class(y).emb),
+            (Some(x), Some(y)) => self.class(x).emb.cos(&self.class(y).emb),
             _ => 0.0,
         };
         self.params.mix(cos, self.params.positional_term((&a.node.doc, a.node.pos), (&b.node.doc, b.node.pos)))
@@ -533,7 +534,7 @@ impl SimilarityIndex {
     fn candidates(&self, id: &Arc<str>, reverse: bool) -> Vec<Scored> {
         let me = &self.entries[id];
         let k = self.params.k;
-        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        let mut seen: HashSet<Arc<str>> = HashSet::default();
         let mut out = Vec::new();
         let consider = |other: &Arc<str>, seen: &mut HashSet<Arc<str>>, out: &mut Vec<Scored>| {
             if other == id || !seen.insert(other.clone()) {
@@ -576,10 +577,10 @@ impl SimilarityIndex {
             }
             let emb = &self.class(mine).emb;
             let cap = if reverse { self.params.max_reverse_classes } else { usize::MAX };
-            for c in self.range_search(emb, bound, cap) {
+            for (c, cos) in self.range_search(emb, bound, cap) {
                 let class = self.class(c);
                 // Every member outside the window scores this (the window's members are already considered).
-                let score = self.params.mix(emb.dot(&class.emb), 0.0);
+                let score = self.params.mix(cos, 0.0);
                 if score < self.params.theta {
                     continue;
                 }
@@ -607,28 +608,27 @@ impl SimilarityIndex {
         out
     }
 
-    /// The classes with cosine ≥ `min_cos` to `q`, as far as the HNSW walk finds them: the result size is grown until
-    /// the worst hit falls below the bound (and the hits hold more than `k` nodes), or reaches `cap`.
-    fn range_search(&self, q: &Embedding, min_cos: f32, cap: usize) -> Vec<usize> {
-        let mut want = (2 * self.params.k).max(16);
-        let filter = |d: &usize| self.classes.get(*d).is_some_and(Option::is_some);
+    /// The classes with cosine ≥ `min_cos` to `q` and their cosines ([`unit_cos`]), as far as the HNSW walk finds
+    /// them: the result size is grown until the worst hit falls below the bound (and the hits hold more than `k`
+    /// nodes), or reaches `cap`. A capped search (an insert's reverse range) asks for the whole candidate list of its
+    /// first walk at once: a walk costs the same whatever share of its list it returns.
+    fn range_search(&self, q: &Embedding, min_cos: f32, cap: usize) -> Vec<(usize, f32)> {
+        let first = (2 * self.params.k).max(16);
+        let mut want = if cap < usize::MAX { first.max(self.params.ef_search).min(cap) } else { first };
         loop {
             let ef = want.max(self.params.ef_search);
-            // hnsw_rs's filtered search walks much more of the graph; without tombstones there is nothing to filter.
-            let hits = if self.tombstones == 0 {
-                self.hnsw.search(&q.0, want, ef)
-            } else {
-                self.hnsw.search_filter(&q.0, want, ef, Some(&filter))
-            };
-            // hnsw_rs filters after cutting to `want`, so with tombstones a short answer is not the end of the
-            // index: only the worst hit falling out of range, or asking for every point, ends the search.
-            let exhausted = want >= self.classes.len() || (self.tombstones == 0 && hits.len() < want);
+            // Tombstones (emptied classes) stay in the graph as waypoints; the hits drop them here, and the walk grows
+            // while the live hits fall short (hnsw_rs's filtered search walked much more of the graph).
+            let hits = self.hnsw.search(&q.0, want, ef);
+            // A short answer is the end of the index; else the worst hit falling out of range ends the search.
+            let exhausted = want >= self.classes.len() || hits.len() < want;
             let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
+            let live: Vec<(usize, f32)> =
+                hits.iter().filter(|h| self.classes[h.d_id].is_some()).map(|h| (h.d_id, 1.0 - h.distance)).collect();
             // Enough for a top-k list (the node itself is among the members).
-            let members: usize =
-                hits.iter().filter_map(|h| self.classes[h.d_id].as_ref()).map(|c| c.members.len()).sum();
+            let members: usize = live.iter().map(|(c, _)| self.class(*c).members.len()).sum();
             if exhausted || want >= cap || (out_of_range && members > self.params.k) {
-                return hits.into_iter().map(|h| h.d_id).filter(|d| self.classes[*d].is_some()).collect();
+                return live;
             }
             want = (want * 4).min(cap);
         }

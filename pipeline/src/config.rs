@@ -30,6 +30,18 @@ pub struct Config {
     pub query: QueryConfig,
     pub auth: crate::auth::AuthConfig,
     pub mcp: McpConfig,
+    pub checkpoint: CheckpointConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// How often the views are checkpointed (and at every clean stop); `0s`: never.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// A start from a checkpoint compacts the input log behind it once at least this share of the log's lines are
+    /// records replaced or deleted by then (or the deletes themselves).
+    pub compact_min_share: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -191,8 +203,12 @@ pub struct LlmConfig {
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     pub max_retries: u32,
-    /// json-schema | json-object (for servers without JSON-schema support).
+    /// auto (probed at start) | json-schema | json-object-schema (llama.cpp's servers) | json-object (the schema in
+    /// the prompt only).
     pub response_format: ResponseFormatName,
+    /// Failed attempts at one request (a reply that is not the JSON asked for after the repair round, or an error
+    /// after the retries) before its extractive answer is logged in its place.
+    pub max_failures: u32,
     pub max_tokens: u32,
 }
 
@@ -206,7 +222,9 @@ impl LlmConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ResponseFormatName {
+    Auto,
     JsonSchema,
+    JsonObjectSchema,
     JsonObject,
 }
 
@@ -343,6 +361,12 @@ impl Config {
         if !(self.hierarchy.summary_coverage > 0.0 && self.hierarchy.summary_coverage <= 1.0) {
             errs.push(format!("hierarchy.summary-coverage must be in (0, 1], got {}", self.hierarchy.summary_coverage));
         }
+        if !(self.checkpoint.compact_min_share > 0.0 && self.checkpoint.compact_min_share <= 1.0) {
+            errs.push(format!(
+                "checkpoint.compact-min-share must be in (0, 1], got {}",
+                self.checkpoint.compact_min_share
+            ));
+        }
         if self.hierarchy.summary_words == 0 {
             errs.push("hierarchy.summary-words must be positive".into());
         }
@@ -473,6 +497,9 @@ impl Config {
         }
         if self.llm.max_in_flight == 0 {
             errs.push("llm.max-in-flight must be positive".into());
+        }
+        if self.llm.max_failures == 0 {
+            errs.push("llm.max-failures must be at least 1".into());
         }
         if self.llm.requests_per_minute == 0 || self.llm.tokens_per_minute == 0 {
             errs.push("llm.requests-per-minute and llm.tokens-per-minute must be positive".into());
@@ -660,6 +687,12 @@ mod tests {
         assert!(e.contains("lpa-layers") || e.contains("lpa_layers"), "{e}");
         let e = load(None, &[("ENGRAM__QUERY__ANN_EF_SEARCH", "0")]).unwrap_err().to_string();
         assert!(e.contains("query.ann-ef-search"), "{e}");
+        let e = load(None, &[("ENGRAM__LLM__MAX_FAILURES", "0")]).unwrap_err().to_string();
+        assert!(e.contains("llm.max-failures"), "{e}");
+        let e = load(None, &[("ENGRAM__LLM__RESPONSE_FORMAT", "xml")]).unwrap_err().to_string();
+        assert!(e.contains("response-format") || e.contains("response_format"), "{e}");
+        let e = load(None, &[("ENGRAM__CHECKPOINT__INTERVAL", "often")]).unwrap_err().to_string();
+        assert!(e.contains("interval"), "{e}");
     }
 
     #[test]
@@ -710,6 +743,12 @@ mod tests {
         let e = load(None, &[("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "most")]).unwrap_err().to_string();
         assert!(e.contains("summary-coverage"), "{e}");
         assert!(load(None, &[("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "1")]).is_ok());
+        for bad in ["0", "1.01", "-1"] {
+            let e = load(None, &[("ENGRAM__CHECKPOINT__COMPACT_MIN_SHARE", bad)]).unwrap_err().to_string();
+            assert!(e.contains("checkpoint.compact-min-share must be in (0, 1]"), "{bad}: {e}");
+        }
+        let e = load(Some("[checkpoint]\ncompact-min-share = \"half\"\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("compact-min-share"), "{e}");
         let e = load(Some("this is not toml ["), &[]).unwrap_err().to_string();
         assert!(e.contains("TOML") || e.contains("expected"), "{e}");
     }

@@ -184,6 +184,8 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let overrides = Overrides { data_dir: Some(dir.clone()), ..Overrides::default() };
     let mut env: Vec<(String, String)> = std::env::vars().collect();
     env.push(("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE".into(), "10ms".into()));
+    // An evaluation's memory is rebuilt from its files on every run: nothing to restart from.
+    env.push(("ENGRAM__CHECKPOINT__INTERVAL".into(), "0s".into()));
     let config = Config::load(args.config.as_deref(), env, &overrides)?;
     let mut engine = Engine::open(config, Place::SINGLE)?;
     let shared = engine.shared().clone();
@@ -238,18 +240,74 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     engine.stop()?;
     tally.print(args.dataset, &modes, &args.budgets);
+    let calls = answering.then(|| model_calls(&shared));
+    if let Some(c) = &calls {
+        print_model_calls(c);
+    }
     if let Some(out) = args.out {
         let dataset = match args.dataset {
             Dataset::Locomo => "locomo",
             Dataset::Qmsum => "qmsum",
         };
         let results = tally.rows(args.dataset);
-        let report =
-            json!({"dataset": dataset, "build_seconds": build_seconds, "results": results, "groupings": groupings});
+        let report = json!({"dataset": dataset, "build_seconds": build_seconds, "results": results,
+            "groupings": groupings, "model_calls": calls});
         std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// With a model: its structured calls by stage and result (`engram_llm_calls_total`), and the requests whose
+/// extractive answer was logged in their place (`engram_llm_fallbacks_total`).
+fn model_calls(shared: &Shared) -> Value {
+    fn by_labels(vec: &prometheus::IntCounterVec, a: &str, b: Option<&str>) -> BTreeMap<String, Value> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for m in prometheus::core::Collector::collect(vec) {
+            for c in m.get_metric() {
+                let label = |n: &str| c.get_label().iter().find(|l| l.name() == n).map(|l| l.value().to_string());
+                let inner = b.and_then(label).unwrap_or_else(|| "n".into());
+                *out.entry(label(a).unwrap_or_default()).or_default().entry(inner).or_default() +=
+                    c.get_counter().get_value() as u64;
+            }
+        }
+        out.into_iter().map(|(k, v)| (k, json!(v))).collect()
+    }
+    json!({
+        "calls": by_labels(&shared.metrics.llm.calls, "stage", Some("result")),
+        "fallbacks": by_labels(&shared.metrics.llm_fallbacks, "kind", None),
+    })
+}
+
+/// The model's calls as a table: per stage, how many, and the share valid, repaired, rejected or failed.
+fn print_model_calls(c: &Value) {
+    println!();
+    println!("| stage | calls | valid | repaired | rejected | failed |");
+    println!("|---|---|---|---|---|---|");
+    let empty = serde_json::Map::new();
+    for (stage, r) in c["calls"].as_object().unwrap_or(&empty) {
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        let total = n("valid") + n("repaired") + n("rejected") + n("failed");
+        let share = |k: &str| format!("{} ({:.0} %)", n(k), 100.0 * n(k) as f64 / total.max(1) as f64);
+        println!(
+            "| {stage} | {total} | {} | {} | {} | {} |",
+            share("valid"),
+            share("repaired"),
+            share("rejected"),
+            share("failed")
+        );
+    }
+    let fell: Vec<String> = c["fallbacks"]
+        .as_object()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|(k, v)| format!("{k} {}", v["n"].as_u64().unwrap_or(0)))
+        .collect();
+    println!();
+    println!(
+        "requests answered extractively after `llm.max-failures`: {}",
+        if fell.is_empty() { "none".into() } else { fell.join(", ") }
+    );
 }
 
 /// The modes `--mode` names (all four when it names none); an unknown name is an error.
@@ -318,7 +376,7 @@ impl Tally {
                 Some(ns) => ns.iter().filter_map(|n| n.as_str().map(String::from)).collect(),
                 None => vec![e.id.clone()],
             };
-            found.extend(ids.into_iter().filter_map(|id| id.split_once('#').map(|(_, t)| t.to_string())));
+            found.extend(ids.iter().filter_map(|id| operators::model::split_node_id(id).map(|(_, t)| t)));
         }
         let recall = q.gold.intersection(&found).count() as f64 / q.gold.len() as f64;
         for cat in [q.category.to_string(), "all".to_string()] {
@@ -425,7 +483,7 @@ fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
                         .collect()
                 };
                 memberships += gs.len();
-                let turn = id.split_once('#').map_or(id.as_str(), |(_, t)| t).to_string();
+                let turn = operators::model::split_node_id(id).map_or_else(|| id.clone(), |(_, t)| t);
                 m.insert(turn, gs);
             }
             groups += if by_topic {

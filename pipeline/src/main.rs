@@ -14,7 +14,10 @@ use engram::{bench, http};
 
 /// mimalloc rather than the system allocator: the dataflow allocates and frees millions of small strings and
 /// vectors per epoch, and glibc's malloc spent a third of ingest in its own bookkeeping (`engram bench ingest`
-/// under perf: `_int_malloc`, `malloc_consolidate`, `unlink_chunk`).
+/// under perf: `_int_malloc`, `malloc_consolidate`, `unlink_chunk`). Built without transparent huge pages (the
+/// workspace's `no_thp`): with them, a fifth of ingest went to the kernel zeroing 2 MiB pages that mimalloc had
+/// purged and touched again (`clear_page_erms` under `do_huge_pmd_anonymous_page`).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

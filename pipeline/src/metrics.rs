@@ -21,6 +21,22 @@ pub struct Metrics {
     pub summary_backlog: IntGauge,
     /// Cluster summaries served from an earlier summary that still holds (no model call).
     pub summaries_reused: IntCounter,
+    /// Replies found in a log written before today's content keys and logged again under them (no model call).
+    pub responses_upgraded: IntCounter,
+    /// Model requests whose extractive answer was logged in place of the model's, by kind, after `llm.max-failures`.
+    pub llm_fallbacks: IntCounterVec,
+    /// The epoch of the last checkpoint written, its size, how long writing took, and failed writes.
+    pub checkpoint_epoch: IntGauge,
+    pub checkpoint_bytes: IntGauge,
+    pub checkpoint_seconds: prometheus::Histogram,
+    pub checkpoint_failures: IntCounter,
+    /// The epoch of the checkpoint this process started from (-1: it rebuilt from the logs).
+    pub checkpoint_restored: IntGauge,
+    /// 1 while the dataflow rebuilds behind a restored checkpoint (the views serve the checkpoint, and records
+    /// after it wait), else 0.
+    pub checkpoint_rebuilding: IntGauge,
+    /// Input log lines a start from a checkpoint compacted away (records replaced or deleted behind it).
+    pub input_log_compacted: IntCounter,
     pub llm: connectors::openai::LlmMetrics,
     /// The OpenAI-compatible embedder's requests (`engram_embedder_requests_total{stage,outcome}`, …).
     pub embedder_requests: connectors::openai::LlmMetrics,
@@ -101,6 +117,47 @@ impl Metrics {
             "Cluster summaries reused from an earlier summary of a part of the same content (no model call)",
         )
         .expect("metric");
+        let responses_upgraded = IntCounter::new(
+            "engram_responses_upgraded_total",
+            "Model replies found under the earlier content keys of an old response log, logged again (no model call)",
+        )
+        .expect("metric");
+        let llm_fallbacks = IntCounterVec::new(
+            Opts::new(
+                "engram_llm_fallbacks_total",
+                "Model requests answered by the extractive backend after llm.max-failures failed attempts, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let checkpoint_epoch =
+            IntGauge::new("engram_checkpoint_epoch", "The epoch of the last checkpoint written").expect("metric");
+        let checkpoint_bytes =
+            IntGauge::new("engram_checkpoint_bytes", "The size of the last checkpoint written").expect("metric");
+        let checkpoint_seconds = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new(
+            "engram_checkpoint_seconds",
+            "Time to write a checkpoint (serialise, write, fsync, rename)",
+        ))
+        .expect("metric");
+        let checkpoint_failures =
+            IntCounter::new("engram_checkpoint_failures_total", "Checkpoints that could not be written")
+                .expect("metric");
+        let checkpoint_restored = IntGauge::new(
+            "engram_checkpoint_restored_epoch",
+            "The epoch of the checkpoint this process started from (-1: it rebuilt from the logs)",
+        )
+        .expect("metric");
+        checkpoint_restored.set(-1);
+        let checkpoint_rebuilding = IntGauge::new(
+            "engram_checkpoint_rebuilding",
+            "1 while the dataflow rebuilds behind a restored checkpoint (records after it are reflected once it is done)",
+        )
+        .expect("metric");
+        let input_log_compacted = IntCounter::new(
+            "engram_input_log_compacted_lines_total",
+            "Input log lines compacted away behind the checkpoint a start restored (records replaced or deleted by then)",
+        )
+        .expect("metric");
         let view_updates = IntCounterVec::new(
             Opts::new("engram_view_updates_total", "Changes applied to the views, by kind and hierarchy layer"),
             &["kind", "layer"],
@@ -116,6 +173,15 @@ impl Metrics {
             Box::new(clusters.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(summary_backlog.clone()),
             Box::new(summaries_reused.clone()),
+            Box::new(responses_upgraded.clone()),
+            Box::new(llm_fallbacks.clone()),
+            Box::new(checkpoint_epoch.clone()),
+            Box::new(checkpoint_bytes.clone()),
+            Box::new(checkpoint_seconds.clone()),
+            Box::new(checkpoint_failures.clone()),
+            Box::new(checkpoint_restored.clone()),
+            Box::new(checkpoint_rebuilding.clone()),
+            Box::new(input_log_compacted.clone()),
             Box::new(records_in.clone()),
             Box::new(records_rejected.clone()),
             Box::new(epochs.clone()),
@@ -152,6 +218,15 @@ impl Metrics {
             clusters,
             summary_backlog,
             summaries_reused,
+            responses_upgraded,
+            llm_fallbacks,
+            checkpoint_epoch,
+            checkpoint_bytes,
+            checkpoint_seconds,
+            checkpoint_failures,
+            checkpoint_restored,
+            checkpoint_rebuilding,
+            input_log_compacted,
             llm,
             embedder_requests,
             embedder,
@@ -195,6 +270,15 @@ impl Metrics {
             Box::new(self.clusters.clone()),
             Box::new(self.summary_backlog.clone()),
             Box::new(self.summaries_reused.clone()),
+            Box::new(self.responses_upgraded.clone()),
+            Box::new(self.llm_fallbacks.clone()),
+            Box::new(self.checkpoint_epoch.clone()),
+            Box::new(self.checkpoint_bytes.clone()),
+            Box::new(self.checkpoint_seconds.clone()),
+            Box::new(self.checkpoint_failures.clone()),
+            Box::new(self.checkpoint_restored.clone()),
+            Box::new(self.checkpoint_rebuilding.clone()),
+            Box::new(self.input_log_compacted.clone()),
             Box::new(self.input_log_fsync.clone()),
             Box::new(self.unauthorized.clone()),
             Box::new(self.input_log_failures.clone()),
@@ -262,6 +346,7 @@ mod tests {
         m.embedder.batch_seconds.with_label_values(&["hash"]).observe(0.1);
         m.embedder.cached.with_label_values(&["hash"]).inc();
         m.view_updates.with_label_values(&["node", "0"]).inc();
+        m.llm_fallbacks.with_label_values(&["summary"]).inc();
         #[cfg(feature = "kafka")]
         {
             m.kafka.lag.with_label_values(&["t"]).set(1);

@@ -465,6 +465,80 @@ impl Views {
         self.spaces.retain(|_, v| !v.is_empty());
     }
 
+    /// The views as the updates that build them from nothing, and the vectors of their summaries and events (by
+    /// text): what a checkpoint holds. [`Views::restore`] applies them through the same code as the dataflow's
+    /// updates, so what is derived from them (the lexical index, the order of a document, the index of layer 0) is
+    /// rebuilt, not stored.
+    pub fn snapshot(&self) -> (Vec<ViewUpdate>, Vec<(String, Embedding)>) {
+        let mut updates = Vec::new();
+        let mut vectors = Vec::new();
+        for (space, v) in &self.spaces {
+            let s = || space.clone();
+            for (node, emb) in v.nodes.values() {
+                updates.push(ViewUpdate::Node(s(), node.clone(), emb.clone()));
+            }
+            for (a, links) in &v.adjacency {
+                for (b, w) in links.range::<String, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)) {
+                    if v.nodes.contains_key(a) && v.nodes.contains_key(b) {
+                        let (u, v) = (a.clone(), b.clone());
+                        updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));
+                    } else {
+                        let layer = v.clusters.get(a).map_or(0, |c| c.layer);
+                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.clone(), b.clone(), u64::from(*w)));
+                    }
+                }
+            }
+            for (c, cv) in &v.clusters {
+                for m in &cv.members {
+                    updates.push(ViewUpdate::Cluster(s(), cv.layer, c.clone(), m.clone()));
+                }
+                if let Some((text, emb)) = &cv.summary {
+                    updates.push(ViewUpdate::Summary(s(), cv.layer, c.clone(), text.clone()));
+                    vectors.push((text.clone(), emb.clone()));
+                }
+            }
+            for (key, r) in &v.requests {
+                updates.push(ViewUpdate::Request(s(), key.clone(), r.as_ref().clone()));
+            }
+            for (id, e) in &v.events {
+                updates.push(ViewUpdate::Event(s(), e.clone()));
+                if let Some(emb) = v.event_vectors.get(id) {
+                    vectors.push((event_text(e), emb.clone()));
+                }
+            }
+            for r in &v.relations {
+                updates.push(ViewUpdate::Relation(s(), r.clone()));
+            }
+            for (e, g) in &v.groups {
+                updates.push(ViewUpdate::Merge(s(), e.clone(), g.clone()));
+            }
+            for (e, t) in &v.topic_of {
+                updates.push(ViewUpdate::Topic(s(), t.clone(), e.clone()));
+            }
+        }
+        for (source, offset) in &self.positions {
+            updates.push(ViewUpdate::Position(source.clone(), *offset));
+        }
+        (updates, vectors)
+    }
+
+    /// Builds the views of a checkpoint ([`Views::snapshot`]) at `as_of`, with its rejects.
+    pub fn restore(
+        &mut self,
+        as_of: u64,
+        updates: Vec<ViewUpdate>,
+        vectors: Vec<(String, Embedding)>,
+        errors_total: u64,
+        recent_errors: VecDeque<ErrorRow>,
+    ) {
+        let vectors: HashMap<String, Embedding> = vectors.into_iter().collect();
+        let embed = |text: &str| vectors.get(text).cloned().unwrap_or_default();
+        self.apply_consolidated(updates.into_iter().map(|u| (u, 1)).collect(), &embed);
+        self.as_of = Some(as_of);
+        self.errors_total = errors_total;
+        self.recent_errors = recent_errors;
+    }
+
     pub fn node_count(&self) -> usize {
         self.spaces.values().map(|v| v.nodes.len()).sum()
     }

@@ -53,6 +53,12 @@ impl OpenAiLlm {
         runtime.block_on(self.client.chat_json(stage, system, user, schema, validate))
     }
 
+    /// Finds the structured-output form the server enforces ([`OpenAiClient::probe_response_format`]), blocking.
+    pub fn probe_response_format(&self) -> Result<crate::openai::ResponseFormat, String> {
+        let runtime = self.runtime.as_ref().ok_or_else(|| "the client is shut down".to_string())?;
+        runtime.block_on(self.client.probe_response_format())
+    }
+
     /// The user message of the summary stage, under this backend's word budget.
     pub fn summary_prompt(&self, texts: &[&str]) -> String {
         summary_prompt(self.max_words, texts)

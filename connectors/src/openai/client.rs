@@ -18,10 +18,33 @@ use crate::openai::replies::{snippet, strip_fences};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResponseFormat {
-    /// `response_format: {type: "json_schema", …}` (OpenAI, vLLM, llama.cpp, LM Studio, Ollama ≥ 0.5).
+    /// `response_format: {type: "json_schema", …}` (OpenAI, vLLM, LM Studio, Ollama ≥ 0.5).
     JsonSchema,
-    /// `response_format: {type: "json_object"}`, the schema described in the prompt.
+    /// `response_format: {type: "json_object", schema: …}`: the form llama.cpp's servers (llama-cpp-python among them)
+    /// enforce with a grammar, where they answer `json_schema` with an error.
+    JsonObjectSchema,
+    /// `response_format: {type: "json_object"}`, the schema described in the prompt only (nothing enforces it).
     JsonObject,
+}
+
+impl ResponseFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ResponseFormat::JsonSchema => "json-schema",
+            ResponseFormat::JsonObjectSchema => "json-object-schema",
+            ResponseFormat::JsonObject => "json-object",
+        }
+    }
+
+    fn body(self, stage: &str, schema: &Value) -> Value {
+        match self {
+            ResponseFormat::JsonSchema => {
+                json!({"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": true}})
+            }
+            ResponseFormat::JsonObjectSchema => json!({"type": "json_object", "schema": schema}),
+            ResponseFormat::JsonObject => json!({"type": "json_object"}),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -45,6 +68,9 @@ pub struct OpenAiConfig {
 #[derive(Clone)]
 pub struct LlmMetrics {
     pub requests: IntCounterVec,
+    /// Structured calls by how they ended: `valid` (the first reply), `repaired` (the reply to the repair round),
+    /// `rejected` (neither was the JSON asked for), `failed` (no reply after the retries).
+    pub calls: IntCounterVec,
     pub tokens: IntCounterVec,
     pub duration: HistogramVec,
     pub rate_limited_waits: IntCounter,
@@ -66,6 +92,13 @@ impl LlmMetrics {
                     format!("{what} requests by stage and outcome (logged responses are not requests)"),
                 ),
                 &["stage", "outcome"],
+            )?,
+            calls: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_calls_total"),
+                    format!("{what} structured calls by stage and result (valid, repaired, rejected, failed)"),
+                ),
+                &["stage", "result"],
             )?,
             tokens: IntCounterVec::new(
                 Opts::new(
@@ -89,6 +122,7 @@ impl LlmMetrics {
             inflight: IntGauge::new(format!("{prefix}_inflight"), format!("{what} requests in flight"))?,
         };
         registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.calls.clone()))?;
         registry.register(Box::new(m.tokens.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
         registry.register(Box::new(m.rate_limited_waits.clone()))?;
@@ -111,6 +145,8 @@ pub struct OpenAiClient {
     tpm: DefaultDirectRateLimiter,
     tpm_burst: u32,
     inflight: tokio::sync::Semaphore,
+    /// The structured-output form (the configured one, or what [`OpenAiClient::probe_response_format`] found).
+    format: std::sync::RwLock<ResponseFormat>,
     metrics: LlmMetrics,
 }
 
@@ -146,6 +182,7 @@ impl OpenAiClient {
             tpm: RateLimiter::direct(per_minute(cfg.tokens_per_minute)),
             tpm_burst,
             inflight: tokio::sync::Semaphore::new(cfg.max_in_flight.max(1)),
+            format: std::sync::RwLock::new(cfg.response_format),
             cfg,
             metrics,
         })
@@ -153,6 +190,59 @@ impl OpenAiClient {
 
     pub fn model(&self) -> &str {
         &self.cfg.model
+    }
+
+    /// The structured-output form requests carry.
+    pub fn response_format(&self) -> ResponseFormat {
+        *self.format.read().expect("format lock")
+    }
+
+    /// Finds the structured-output form the server enforces: one small request in each form, strongest first (one
+    /// attempt each, no retries), until a reply comes back as the JSON its schema asks for. The form found is used
+    /// from then on; when none is (the server refuses them all, answers outside the schema, or cannot be reached),
+    /// the configured one stays and the reason is returned.
+    pub async fn probe_response_format(&self) -> Result<ResponseFormat, String> {
+        let schema = json!({
+            "type": "object",
+            "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+            "required": ["colour"],
+        });
+        let url = format!("{}/chat/completions", self.cfg.base_url.trim_end_matches('/'));
+        let mut why = Vec::new();
+        for format in [ResponseFormat::JsonSchema, ResponseFormat::JsonObjectSchema] {
+            let body = json!({
+                "model": self.cfg.model,
+                "messages": [
+                    {"role": "system", "content": "Reply with a JSON object only."},
+                    {"role": "user", "content": "Name one colour of the sky at noon, as {\"colour\": …}."},
+                ],
+                "temperature": 0,
+                "max_tokens": 20,
+                "response_format": format.body("probe", &schema),
+            });
+            self.wait_for_budget(40).await;
+            let result = self.send(&url, &body).await;
+            self.metrics.requests.with_label_values(&["probe", if result.is_ok() { "ok" } else { "error" }]).inc();
+            let verdict = match result {
+                Ok((v, _)) => {
+                    let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+                    let reply = serde_json::from_str::<Value>(strip_fences(content)).ok();
+                    match reply.as_ref().and_then(|r| r["colour"].as_str()) {
+                        Some("red" | "green" | "blue") => Ok(()),
+                        _ => Err(format!("a reply outside the schema: {}", snippet(content))),
+                    }
+                }
+                Err(Attempt::Fatal(w)) | Err(Attempt::Retryable { why: w, .. }) => Err(w),
+            };
+            match verdict {
+                Ok(()) => {
+                    *self.format.write().expect("format lock") = format;
+                    return Ok(format);
+                }
+                Err(w) => why.push(format!("{}: {w}", format.name())),
+            }
+        }
+        Err(why.join("; "))
     }
 
     /// One structured call: `system` and `user` messages, a JSON reply checked by `validate` (a JSON Schema is sent
@@ -167,13 +257,23 @@ impl OpenAiClient {
     ) -> Result<T, LlmError> {
         let mut messages = vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": user})];
         let mut last_err = String::new();
+        let result = |r: &str| self.metrics.calls.with_label_values(&[stage, r]).inc();
         for repair in 0..2 {
-            let content = self.complete(stage, &messages, schema).await?;
+            let content = match self.complete(stage, &messages, schema).await {
+                Ok(c) => c,
+                Err(e) => {
+                    result("failed");
+                    return Err(e);
+                }
+            };
             let parsed = serde_json::from_str::<Value>(strip_fences(&content))
                 .map_err(|e| format!("not JSON: {e}"))
                 .and_then(|v| validate(&v));
             match parsed {
-                Ok(t) => return Ok(t),
+                Ok(t) => {
+                    result(if repair == 0 { "valid" } else { "repaired" });
+                    return Ok(t);
+                }
                 Err(e) => {
                     self.metrics.requests.with_label_values(&[stage, "bad_reply"]).inc();
                     last_err = e.clone();
@@ -185,6 +285,7 @@ impl OpenAiClient {
                 }
             }
         }
+        result("rejected");
         Err(LlmError::BadReply(last_err))
     }
 
@@ -196,12 +297,7 @@ impl OpenAiClient {
             "temperature": 0,
             "max_tokens": self.cfg.max_tokens,
         });
-        body["response_format"] = match self.cfg.response_format {
-            ResponseFormat::JsonSchema => {
-                json!({"type": "json_schema", "json_schema": {"name": stage, "schema": schema, "strict": true}})
-            }
-            ResponseFormat::JsonObject => json!({"type": "json_object"}),
-        };
+        body["response_format"] = self.response_format().body(stage, schema);
         let prompt_tokens = messages.iter().map(|m| estimate_tokens(m["content"].as_str().unwrap_or(""))).sum::<u32>();
         self.post(stage, "chat/completions", &body, prompt_tokens, self.cfg.max_tokens, |v| {
             let content =

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use operators::{Embedder, Embedding};
 
-use crate::embedders::{l2_normalise, text_key, EmbedderMetrics, EmbeddingLog, LoggedEmbedding};
+use crate::embedders::{l2_normalise, legacy_text_key, text_key, EmbedderMetrics, EmbeddingLog, LoggedEmbedding};
 use crate::openai::client::OpenAiClient;
 
 /// An OpenAI-compatible embeddings endpoint behind the embedding log.
@@ -108,11 +108,30 @@ impl Embedder for OpenAiEmbedder {
         let keys: Vec<String> = texts.iter().map(|t| text_key(t)).collect();
         let mut missing: Vec<usize> = Vec::new();
         {
-            let guard = self.log.lock().expect("embedding log lock");
+            let mut guard = self.log.lock().expect("embedding log lock");
             let mut seen = std::collections::HashSet::new();
+            let mut upgraded = Vec::new();
             for (i, k) in keys.iter().enumerate() {
-                if !guard.1.contains_key(k) && seen.insert(k.clone()) {
-                    missing.push(i);
+                if guard.1.contains_key(k) || !seen.insert(k.clone()) {
+                    continue;
+                }
+                // A log written before today's keys holds the text under its earlier key: logged again, not asked.
+                match guard.1.get(&legacy_text_key(texts[i])) {
+                    Some(v) => upgraded.push(LoggedEmbedding {
+                        model: self.client.model().to_string(),
+                        key: k.clone(),
+                        vector: v.clone(),
+                    }),
+                    None => missing.push(i),
+                }
+            }
+            // The earlier line stays in the log, so a vector is in the log whether or not this append lands.
+            if !upgraded.is_empty() {
+                if let Err(e) = guard.0.append(&upgraded) {
+                    tracing::warn!(error = %e, "could not log embeddings again under today's keys");
+                }
+                for r in upgraded {
+                    guard.1.insert(r.key, r.vector);
                 }
             }
         }

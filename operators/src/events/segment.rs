@@ -87,7 +87,7 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
             centroid = vec![0.0; vecs[i].0.len()];
         }
         groups.last_mut().expect("a group").push(i);
-        centroid.iter_mut().zip(&vecs[i].0).for_each(|(c, x)| *c += x);
+        centroid.iter_mut().zip(vecs[i].0.iter()).for_each(|(c, x)| *c += x);
         if time.is_some() {
             last_time = time;
         }

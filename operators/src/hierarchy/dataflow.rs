@@ -14,8 +14,10 @@ use timely::progress::Timestamp;
 use crate::dataflow::per_space_in_time_order;
 
 use super::ego::Ego;
+use super::links::Links;
 use super::lpa::Lpa;
-use super::{cluster_ids, label_parts, link_weight, HierarchyParams, Replica};
+use super::replica_edges::ReplicaEdges;
+use super::{cluster_ids, label_parts, HierarchyParams, Replica};
 
 /// `(space, node)`.
 pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
@@ -77,19 +79,28 @@ fn cluster_layer<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    // Directed adjacency ((s, a), (b, w)), both directions.
-    let adj = edges.clone().flat_map(|(s, u, v, w)| [((s.clone(), u.clone()), (v.clone(), w)), ((s, v), (u, w))]);
-    let pairs = adj.clone().map(|((s, a), (b, _))| ((s, a), b));
     // comp: ((s, v, a), component of v's ego network holding a).
-    let comp = ego_networks(edges, params.pool_loose_neighbours);
+    let comp = ego_networks(edges.clone(), params.pool_loose_neighbours);
     // Replica edges: (u, comp(u, v)) — (v, comp(v, u)).
-    let radj = adj
-        .map(|((s, u), (v, w))| ((s, u, v), w))
-        .join_map(comp.clone(), |(s, u, v), w, cu| ((s.clone(), v.clone(), u.clone()), (cu.clone(), *w)))
-        .join_map(comp.clone(), |(s, v, u), (cu, w), cv| {
-            ((s.clone(), (u.clone(), cu.clone())), ((v.clone(), cv.clone()), *w))
-        });
-    let with_edges = adj_keys(pairs);
+    let rows = edges
+        .clone()
+        .map(|(s, u, v, w)| (s, u, v, Some(w), String::new()))
+        .concat(comp.clone().map(|((s, v, a), c)| (s, v, a, None, c)));
+    let mut spaces: HashMap<String, ReplicaEdges> = HashMap::new();
+    let radj = per_space_in_time_order(
+        rows,
+        "ReplicaEdges",
+        |(s, _, _, _, _)| s,
+        move |space, rows| {
+            let op = spaces.entry(space.to_string()).or_default();
+            let changes = op.apply(rows.into_iter().map(|((_, x, y, w, c), d)| ((x, y, w, c), d)).collect());
+            if op.is_empty() {
+                spaces.remove(space);
+            }
+            changes.into_iter().map(|((x, y), d)| (((space.to_string(), x), y), d)).collect()
+        },
+    );
+    let with_edges = edges.flat_map(|(s, u, v, _)| [(s.clone(), u), (s, v)]).distinct();
     let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, String::new())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
     let rule =
@@ -217,15 +228,8 @@ enum Rule {
     Link(usize),
 }
 
-fn adj_keys<'s, T>(pairs: VecCollection<'s, T, ((String, String), String)>) -> VecCollection<'s, T, (String, String)>
-where
-    T: Timestamp + Lattice + TotalOrder,
-{
-    pairs.map(|(k, _)| k).distinct()
-}
-
 /// Layer L+1: its nodes (the clusters) and its edges (shared members, and layer-L edges between members), each
-/// cluster keeping its `max_degree` strongest ([`super::strongest`]).
+/// cluster keeping its `max_degree` strongest ([`super::strongest`]); a stateful operator per space ([`Links`]).
 fn next_layer<'s, T>(
     edges: Edges<'s, T>,
     clusters: VecCollection<'s, T, ((String, String), String)>,
@@ -235,33 +239,21 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     let nodes = clusters.clone().map(|(k, _)| k).distinct();
-    let member_of = clusters.map(|((s, c), m)| ((s, m), c));
-    let shared = member_of
-        .clone()
-        .join_map(member_of.clone(), |(s, _m), a, b| (s.clone(), a.clone(), b.clone()))
-        .filter(|(_, a, b)| a < b);
-    let joined =
-        edges
-            .map(|(s, u, v, _)| ((s, u), v))
-            .join_map(member_of.clone(), |(s, _u), v, a| ((s.clone(), v.clone()), a.clone()))
-            .join_map(member_of, |(s, _v), a, b| {
-                if a < b {
-                    (s.clone(), a.clone(), b.clone())
-                } else {
-                    (s.clone(), b.clone(), a.clone())
-                }
-            })
-            .filter(|(_, a, b)| a != b);
-    let links = shared.concat(joined).count().map(|((s, a, b), n)| (s, a, b, link_weight(n as u64)));
-    // Per cluster, its links heaviest first (`u64::MAX - weight`, then the other end), the first `max_degree` kept;
-    // a link is an edge when either end keeps it (both ends emit the same row, and `distinct` makes it one).
-    let edges = links
-        .flat_map(|(s, a, b, w)| [((s.clone(), a.clone()), (u64::MAX - w, b.clone())), ((s, b), (u64::MAX - w, a))])
-        .reduce(move |_k, links: &[(&(u64, String), isize)], out: &mut Vec<((u64, String), isize)>| {
-            out.extend(links.iter().take(max_degree).map(|(l, _)| ((*l).clone(), 1)));
-        })
-        .map(|((s, a), (w, b))| if a < b { (s, a, b, u64::MAX - w) } else { (s, b, a, u64::MAX - w) })
-        .distinct();
+    let rows = edges.map(|(s, u, v, _)| (s, false, u, v)).concat(clusters.map(|((s, c), m)| (s, true, c, m)));
+    let mut spaces: HashMap<String, Links> = HashMap::new();
+    let edges = per_space_in_time_order(
+        rows,
+        "LayerLinks",
+        |(s, _, _, _)| s,
+        move |space, rows| {
+            let links = spaces.entry(space.to_string()).or_insert_with(|| Links::new(max_degree));
+            let changes = links.apply(rows.into_iter().map(|((_, m, x, y), d)| ((m, x, y), d)).collect());
+            if links.is_empty() {
+                spaces.remove(space);
+            }
+            changes.into_iter().map(|((a, b, w), d)| ((space.to_string(), a, b, w), d)).collect()
+        },
+    );
     (nodes, edges)
 }
 

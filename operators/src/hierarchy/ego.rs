@@ -2,10 +2,10 @@
 //! neighbour a, the component of v's ego network (the subgraph induced by v's neighbours) that holds a, named by its
 //! smallest member ([`super::ego_components`] is the same rule over strings, used by the sequential reference).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::find_root;
-use super::slots::Slots;
+use super::slots::{bump, HashMap, Slots};
 
 /// A change of one ego-network row: `(v, a, old component, new component)`.
 pub type EgoChange = (String, String, Option<String>, Option<String>);
@@ -39,7 +39,7 @@ impl Ego {
     fn slot_of(&mut self, n: &str) -> u32 {
         let (s, new) = self.slots.intern(n);
         if new {
-            self.adj.push(HashMap::new());
+            self.adj.push(HashMap::default());
             self.emitted.push(BTreeMap::new());
             self.mark.push(0);
         }
@@ -55,11 +55,7 @@ impl Ego {
             let (su, sv) = (self.slot_of(&u), self.slot_of(&v));
             linked_before.entry((su, sv)).or_insert_with(|| self.adj[su as usize].contains_key(&sv));
             for (a, b) in [(su, sv), (sv, su)] {
-                let n = self.adj[a as usize].entry(b).or_default();
-                *n += d;
-                if *n == 0 {
-                    self.adj[a as usize].remove(&b);
-                }
+                bump(&mut self.adj[a as usize], b, d);
             }
         }
         let mut affected: BTreeSet<u32> = BTreeSet::new();

@@ -11,9 +11,9 @@
 //! touches and regroups only the components whose links or link weights changed.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use super::slots::Slots;
+use super::slots::{HashMap, Slots};
 use super::{active, link_groups, replica_hash, strongest_link, Replica};
 
 /// One replica graph and its labels.
@@ -85,7 +85,7 @@ impl Lpa {
     /// multiplicities — and returns the replicas whose final label changed.
     pub fn apply(&mut self, changes: Vec<(GraphRow, isize)>) -> Vec<LabelChange> {
         let mut dirty: BTreeSet<u32> = BTreeSet::new();
-        let mut was_live: HashMap<u32, bool> = HashMap::new();
+        let mut was_live: HashMap<u32, bool> = HashMap::default();
         let mut touched: BTreeSet<u32> = BTreeSet::new();
         for ((x, e), d) in changes {
             let sx = self.slot_of(&x);
@@ -248,7 +248,7 @@ impl Lpa {
             self.link[s as usize] = new;
             seeds.insert(s);
         }
-        let mut seen: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let mut seen: std::collections::HashSet<u32> = std::collections::HashSet::default();
         for seed in seeds {
             if !self.live(seed) || seen.contains(&seed) {
                 continue;

@@ -35,8 +35,10 @@
 
 pub mod dataflow;
 pub mod ego;
+pub mod links;
 pub mod lpa;
 pub mod reference;
+pub mod replica_edges;
 mod slots;
 
 use serde::{Deserialize, Serialize};

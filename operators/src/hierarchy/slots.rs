@@ -2,8 +2,18 @@
 //! so that per-slot state can live in plain vectors and the hot loops compare integers instead of strings.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
+
+pub use crate::fasthash::{HashMap, HashSet};
+
+/// Adds `d` to slot `k`'s multiplicity in `map`, removing it at zero.
+pub fn bump(map: &mut HashMap<u32, isize>, k: u32, d: isize) {
+    let n = map.entry(k).or_default();
+    *n += d;
+    if *n == 0 {
+        map.remove(&k);
+    }
+}
 
 #[derive(Default)]
 pub struct Slots<K> {
@@ -47,6 +57,15 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         self.index.contains_key(k)
     }
 
+    /// The slot `k` holds now.
+    pub fn get<Q>(&self, k: &Q) -> Option<u32>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.index.get(k).copied()
+    }
+
     /// The key of a slot (a released slot keeps its key until it is reused).
     pub fn key(&self, s: u32) -> &K {
         &self.keys[s as usize]
@@ -66,6 +85,11 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
 
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
+    }
+
+    /// How many keys hold a slot now.
+    pub fn len(&self) -> usize {
+        self.index.len()
     }
 
     /// How many slots were ever allocated (the length of per-slot vectors).

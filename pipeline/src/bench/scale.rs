@@ -82,6 +82,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = config.clone();
     config.data_dir = dir.clone();
+    config.checkpoint.interval = std::time::Duration::ZERO;
     config.ingest.epoch_max_records = args.batch.max(1);
     let (mut corpus, corpus_name) = if args.inputs.is_empty() {
         (Corpus::News(Box::new(News::new("news", 42)), VecDeque::new()), "synthetic-news".to_string())

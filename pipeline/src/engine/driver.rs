@@ -31,6 +31,15 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     // The highest position fed per source (retracted when a higher one is fed).
     let mut fed: HashMap<String, u64> = HashMap::new();
     let mut as_of: Option<u64> = None;
+    // A restart from a checkpoint: what the checkpoint holds, at its epoch, before anything else.
+    let prefix = shared.prefix.lock().expect("prefix lock").take();
+    if let Some((epoch, items)) = prefix {
+        inputs.advance_to(epoch);
+        let (replies, records) = counts(&items);
+        feed(&mut inputs, &mut ingestor, &mut fed, items);
+        shared.fed(epoch, replies, records);
+        shared.closed_epoch(epoch);
+    }
     inputs.advance_to(shared.open_epoch());
     loop {
         let clock = if cluster { shared.clock() } else { 0 };
@@ -43,7 +52,9 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
         if let Some((epoch, items, next)) = shared.take_due(stopping, clock) {
             inputs.advance_to(epoch);
             let n = items.len();
+            let (replies, records) = counts(&items);
             feed(&mut inputs, &mut ingestor, &mut fed, items);
+            shared.fed(epoch, replies, records);
             if cluster {
                 inputs.clock.send(next);
             }
@@ -79,6 +90,13 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     }
     drop(inputs);
     while worker.step() {}
+}
+
+/// The model's replies and the records among an epoch's items (what a checkpoint counts).
+fn counts(items: &[Item]) -> (u64, u64) {
+    let replies = items.iter().filter(|i| matches!(i, Item::Summary(..))).count() as u64;
+    let records = items.iter().filter(|i| matches!(i, Item::Record(_))).count() as u64;
+    (replies, records)
 }
 
 /// Feeds one epoch's items: records as node deltas, rejects as error rows, logged replies, and each source's

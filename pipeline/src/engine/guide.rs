@@ -3,7 +3,7 @@
 
 use connectors::LoggedResponse;
 use operators::llm::{Explore, Llm, LlmError};
-use operators::request::query_key;
+use operators::request::{legacy_query_key, query_key};
 
 use super::state::Shared;
 
@@ -21,8 +21,13 @@ impl Shared {
         T: serde::Serialize + serde::de::DeserializeOwned,
     {
         let key = query_key(stage, inputs);
-        if let Some(logged) = self.answers.lock().expect("answers lock").get(&(space.to_string(), key.clone())) {
-            if let Ok(v) = serde_json::from_str(logged) {
+        {
+            // Today's key, then the key a log written before it used.
+            let answers = self.answers.lock().expect("answers lock");
+            let logged = answers
+                .get(&(space.to_string(), key.clone()))
+                .or_else(|| answers.get(&(space.to_string(), legacy_query_key(stage, inputs))));
+            if let Some(v) = logged.and_then(|l| serde_json::from_str(l).ok()) {
                 return Ok(Some(v));
             }
         }
@@ -34,6 +39,7 @@ impl Shared {
             key: key.clone(),
             response: text.clone(),
             covers: None,
+            fallback: None,
         };
         match self.response_log.lock().expect("response log lock").append(std::slice::from_ref(&logged)) {
             Ok(()) => {

@@ -23,8 +23,11 @@
 //! | `driver.rs` | the worker loop that turns the queue into epochs |
 //! | `sink.rs` | the dataflow's inputs, the memory wired over them, the views sink |
 //! | `summarizer.rs` | the model requests served, logged and fed back |
+//! | `checkpoint.rs` | checkpoints of the views, and a restart that serves one while the dataflow rebuilds |
 //! | `guide.rs` | the model at query time, logged |
 
+mod checkpoint;
+mod compact;
 mod driver;
 mod guide;
 mod ingest;
@@ -110,6 +113,7 @@ impl Engine {
             let _ = s.join();
         }
         self.join_workers()?;
+        self.shared.final_checkpoint();
         self.shared.outputs.flush();
         tracing::info!(as_of = ?self.shared.as_of(), "stopped");
         Ok(())

@@ -37,7 +37,8 @@ pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Ll
                     timeout: l.timeout,
                     max_retries: l.max_retries,
                     response_format: match l.response_format {
-                        ResponseFormatName::JsonSchema => ResponseFormat::JsonSchema,
+                        ResponseFormatName::Auto | ResponseFormatName::JsonSchema => ResponseFormat::JsonSchema,
+                        ResponseFormatName::JsonObjectSchema => ResponseFormat::JsonObjectSchema,
                         ResponseFormatName::JsonObject => ResponseFormat::JsonObject,
                     },
                     max_tokens: l.max_tokens,
@@ -46,7 +47,15 @@ pub fn make_llm(config: &Config, metrics: &Metrics) -> anyhow::Result<Arc<dyn Ll
                 metrics.llm.clone(),
             )
             .map_err(|e| anyhow::anyhow!(e))?;
-            Arc::new(OpenAiLlm::new(client, config.hierarchy.summary_words)?)
+            let llm = OpenAiLlm::new(client, config.hierarchy.summary_words)?;
+            if l.response_format == ResponseFormatName::Auto {
+                match llm.probe_response_format() {
+                    Ok(f) => tracing::info!(format = f.name(), "the model server enforces this structured-output form"),
+                    Err(why) => tracing::warn!(%why,
+                        "no structured-output form is enforced by the model server; asking with json-schema"),
+                }
+            }
+            Arc::new(llm)
         }
     })
 }

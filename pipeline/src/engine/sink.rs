@@ -125,7 +125,10 @@ fn views_sink<'s>(
     let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
     // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
     let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
-    let mut last_as_of: Option<u64> = None;
+    // A restart from a checkpoint starts at the checkpoint's epoch: the views never go back behind it.
+    let mut last_as_of: Option<u64> = shared.restored_through;
+    let mut caught_up = false;
+    let opened = std::time::Instant::now();
     type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
     let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
         Exchange::new(|_: &(ViewUpdate, u64, isize)| 0),
@@ -149,6 +152,13 @@ fn views_sink<'s>(
                     Some(f) => f.checked_sub(1),
                     None => pending.keys().next_back().copied().max(last_as_of),
                 };
+                if let Some(e) = shared.restored_through.filter(|_| !caught_up) {
+                    if lower.is_none_or(|f| f > e) {
+                        caught_up = true;
+                        shared.metrics.checkpoint_rebuilding.set(0);
+                        tracing::info!(epoch = e, took = ?opened.elapsed(), "the dataflow has rebuilt the checkpoint's epochs");
+                    }
+                }
                 let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
                 if ready.is_empty() && as_of == last_as_of {
                     held.retain(|t, _| lower.is_some_and(|f| *t >= f));
@@ -159,6 +169,10 @@ fn views_sink<'s>(
                 let mut batches = Vec::with_capacity(ready.len());
                 for t in ready {
                     let mut updates = pending.remove(&t).expect("ready time");
+                    if shared.restored_through.is_some_and(|e| t <= e) {
+                        // The views started from a checkpoint that holds this epoch.
+                        continue;
+                    }
                     differential_dataflow::consolidation::consolidate(&mut updates);
                     let mut kinds: Vec<((&'static str, &'static str), u64)> = Vec::new();
                     for (u, _) in &updates {
@@ -201,6 +215,7 @@ fn views_sink<'s>(
                 if let Some(a) = last_as_of {
                     shared.advanced(a);
                     shared.as_of.send_replace(Some(a));
+                    shared.checkpoint_if_due(a);
                 }
                 // Everything below the frontier is applied.
                 held.retain(|t, _| lower.is_some_and(|f| *t >= f));

@@ -1,7 +1,7 @@
 //! The engine's state, shared by the timely workers, the sources, the summariser and the HTTP server, and how it is
 //! opened: the data directory's logs replayed into the ingest queue.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -11,7 +11,7 @@ use connectors::{DeadLetter, InputLog, LoggedResponse, ResponseLog};
 use operators::extractive::Extractive;
 use operators::llm::Llm;
 use operators::model::ErrorRow;
-use operators::request::RequestKind;
+use operators::request::{is_legacy_key, ModelRequest, RequestKind};
 use operators::summary::SummaryCache;
 use operators::{Embedder, Limits, Record};
 use tokio::sync::watch;
@@ -94,6 +94,23 @@ pub struct Shared {
     /// Logged query-time replies of the configured model (answers, selections, plans, explorer choices):
     /// (space, `q:` key) → reply.
     pub(super) answers: Mutex<HashMap<(String, String), String>>,
+    /// `(space, key) → reply` of a response log written before today's content keys: found for a request by its
+    /// [`ModelRequest::legacy_key`] when it comes round, and logged again under its key.
+    legacy: HashMap<(String, String), String>,
+    /// What a restart from a checkpoint feeds at the checkpoint's epoch (taken by the driver before anything else).
+    pub(super) prefix: Mutex<Option<(u64, Vec<Item>)>>,
+    /// The checkpoint's epoch, when the views started from one: the views sink drops the updates up to it.
+    pub(super) restored_through: Option<u64>,
+    /// The model's replies and the records fed so far, and their counts at the end of each epoch fed (pruned below
+    /// what the views hold).
+    pub(super) fed: Mutex<((u64, u64), BTreeMap<u64, (u64, u64)>)>,
+    /// Whether a checkpoint is being written, and when the last one was.
+    pub(super) checkpointing: AtomicBool,
+    pub(super) last_checkpoint: Mutex<Instant>,
+    /// Whether the replies this engine is fed are all in its response log (see `checkpoint.rs`).
+    pub(super) checkpoints_allowed: bool,
+    /// This process's data directory.
+    dir: std::path::PathBuf,
     /// Cluster summaries made so far (seeded from the response log): what a grown cluster can reuse.
     pub(super) summary_cache: Mutex<SummaryCache>,
     /// Every space this process has taken a record for (what `ingest.max-spaces` counts).
@@ -118,7 +135,6 @@ impl Shared {
         if replay.torn_lines > 0 {
             tracing::warn!(torn = replay.torn_lines, "input log had unreadable lines (a crash mid-append); skipped");
         }
-        let input_log = InputLog::open(&log_path)?;
         let metrics = Metrics::new();
         // Only process 0 asks the model; the others never call it.
         let llm: Arc<dyn Llm> = if place.leads() {
@@ -133,7 +149,8 @@ impl Shared {
         // The response log topic, when configured, holds what an earlier pod logged.
         let from_topic =
             if place.leads() { crate::outputs::Outputs::read_responses(&config.kafka)? } else { Vec::new() };
-        if !from_topic.is_empty() {
+        let from_topic_used = !from_topic.is_empty();
+        if from_topic_used {
             let known: HashSet<(String, String, String)> =
                 responses.records.iter().map(|r| (r.model.clone(), r.space.clone(), r.key.clone())).collect();
             let new: Vec<LoggedResponse> = from_topic
@@ -147,17 +164,18 @@ impl Shared {
         let dead_letter = DeadLetter::open(&dir.join("dead-letter.jsonl"))?;
         let limits = config.limits();
         let (as_of, _) = watch::channel(None);
-        let (mut items, max_epoch, resume) = replay_records(&replay.records, &limits);
+        let (mut records, max_epoch, resume) = replay_records(&replay.records, &limits);
         let spaces: HashSet<String> =
             replay.records.iter().filter(|r| !r.record.is_null()).map(|r| r.space.clone()).collect();
         let access = crate::auth::Access::load(&config.auth)
             .map_err(|e| anyhow::anyhow!("invalid configuration: {}", e.join("; ")))?;
-        if !items.is_empty() {
-            metrics.records_in.with_label_values(&["replay"]).inc_by(items.len() as u64);
-            tracing::info!(records = items.len(), "replaying the input log");
+        if !records.is_empty() {
+            metrics.records_in.with_label_values(&["replay"]).inc_by(records.len() as u64);
+            tracing::info!(records = records.len(), "replaying the input log");
         }
-        items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
+        let mut replies = Vec::new();
         let mut answers = HashMap::new();
+        let mut legacy = HashMap::new();
         let mut summary_cache = SummaryCache::new(config.hierarchy.summary_coverage);
         for r in responses.records.into_iter().filter(|r| place.leads() && r.model == llm.model()) {
             if let Some(c) = &r.covers {
@@ -165,11 +183,59 @@ impl Shared {
             }
             if RequestKind::of_key(&r.key) == RequestKind::Query {
                 answers.insert((r.space, r.key), r.response);
+            } else if is_legacy_key(&r.key) {
+                legacy.insert((r.space, r.key), r.response);
             } else {
-                items.push(Item::Summary(r.space, r.key, r.response));
+                replies.push(Item::Summary(r.space, r.key, r.response));
             }
         }
-        let open_epoch = max_epoch.unwrap_or(0);
+        let mut views = Views { ann: config.query.ann(), ..Views::default() };
+        let mut checkpoint = if from_topic_used || !place.leads() || place.processes > 1 {
+            None
+        } else {
+            load_checkpoint(&dir, &config, &records, replies.len())
+        };
+        if let Some(c) = &mut checkpoint {
+            if let Some(kept) = compact_behind(&dir, &replay.records, c, &config, &metrics) {
+                records = kept;
+            }
+        }
+        let input_log = InputLog::open(&log_path)?;
+        let mut open_epoch = max_epoch.unwrap_or(0);
+        let mut items = Vec::new();
+        let (prefix, restored_through) = match checkpoint {
+            Some(c) => {
+                // The epochs the checkpoint holds are fed at its epoch, their updates dropped by the views sink; the
+                // rest after it. Positions go after it too: they reach only the views, which take the latest.
+                let (e, n) = (c.epoch, c.replies as usize);
+                let mut prefix = Vec::new();
+                for (epoch, item) in records {
+                    if epoch <= e {
+                        prefix.push(item);
+                    } else {
+                        items.push(item);
+                    }
+                }
+                let later = replies.split_off(n);
+                prefix.extend(replies);
+                items.extend(later);
+                let t = Instant::now();
+                c.restore(&mut views);
+                tracing::info!(epoch = e, nodes = views.node_count(), took = ?t.elapsed(),
+                    "serving the checkpoint; the dataflow rebuilds behind it");
+                metrics.checkpoint_restored.set(e as i64);
+                metrics.checkpoint_rebuilding.set(1);
+                open_epoch = open_epoch.max(e + 1);
+                (Some((e, prefix)), Some(e))
+            }
+            None => {
+                items.extend(records.into_iter().map(|(_, item)| item));
+                items.extend(replies);
+                (None, None)
+            }
+        };
+        items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
+        as_of.send_replace(restored_through);
         let opened = (!items.is_empty()).then(Instant::now);
         let outputs = crate::outputs::Outputs::open(&config.kafka, kafka_metrics(&metrics))?;
         Ok(Arc::new(Shared {
@@ -179,7 +245,14 @@ impl Shared {
             spaces: Mutex::new(spaces),
             access,
             resume,
-            views: RwLock::new(Views { ann: config.query.ann(), ..Views::default() }),
+            views: RwLock::new(views),
+            prefix: Mutex::new(prefix),
+            restored_through,
+            fed: Mutex::new(((0, 0), BTreeMap::new())),
+            checkpointing: AtomicBool::new(false),
+            last_checkpoint: Mutex::new(Instant::now()),
+            checkpoints_allowed: !from_topic_used,
+            dir: dir.clone(),
             as_of,
             metrics,
             shutdown: AtomicBool::new(false),
@@ -192,6 +265,7 @@ impl Shared {
             place,
             clock: AtomicU64::new(0),
             answers: Mutex::new(answers),
+            legacy,
             summary_cache: Mutex::new(summary_cache),
             outputs,
             config,
@@ -219,6 +293,20 @@ impl Shared {
         if let Err(e) = self.dead_letter.lock().expect("dead letter lock").sync() {
             tracing::error!(error = %e, "could not fsync the dead-letter file");
         }
+    }
+
+    /// This process's data directory (`DATA_DIR`, or `DATA_DIR/process-P` in a cluster).
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// An old log's reply for `request` (whose key is `key`), fit to log under `key`.
+    pub(super) fn legacy_reply(&self, space: &str, key: &str, request: &ModelRequest) -> Option<String> {
+        if self.legacy.is_empty() {
+            return None;
+        }
+        let reply = self.legacy.get(&(space.to_string(), request.legacy_key()))?;
+        request.upgrade_reply(reply, key)
     }
 
     /// The views, read-locked (the views sink waits while this is held: keep it short).
@@ -263,9 +351,9 @@ impl Shared {
     }
 }
 
-/// The input log's records as queue items (a record the current limits reject becomes an error row), the highest
-/// epoch they were logged at, and each source's last logged offset (where it resumes).
-fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<Item>, Option<u64>, HashMap<String, u64>) {
+/// The input log's records as queue items with the epochs they were logged at (a record the current limits reject
+/// becomes an error row), the highest epoch, and each source's last logged offset (where it resumes).
+fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<(u64, Item)>, Option<u64>, HashMap<String, u64>) {
     let mut items = Vec::new();
     let mut max_epoch = None;
     let mut resume: HashMap<String, u64> = HashMap::new();
@@ -279,17 +367,83 @@ fn replay_records(records: &[LoggedRecord], limits: &Limits) -> (Vec<Item>, Opti
             continue;
         }
         match operators::record::from_value(r.record.clone(), Some(&r.space), limits) {
-            Ok(rec) => items.push(Item::Record(rec)),
+            Ok(rec) => items.push((r.epoch, Item::Record(rec))),
             // Logged records were valid when logged; a config change (smaller limits) can reject them now.
-            Err(e) => items.push(Item::Reject(ErrorRow {
-                source: "replay".into(),
-                reason: e.to_string(),
-                raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
-                space: (!r.space.is_empty()).then(|| r.space.clone()),
-            })),
+            Err(e) => items.push((
+                r.epoch,
+                Item::Reject(ErrorRow {
+                    source: "replay".into(),
+                    reason: e.to_string(),
+                    raw: r.record.to_string().chars().take(ERROR_RAW_CHARS).collect(),
+                    space: (!r.space.is_empty()).then(|| r.space.clone()),
+                }),
+            )),
         }
     }
     (items, max_epoch, resume)
+}
+
+/// Compacts the input log behind checkpoint `c` (see `compact.rs`) when enough of it is superseded: the log is
+/// rewritten, then the checkpoint with the records it now counts. A rewrite that fails leaves the log as it was (a
+/// warning); a checkpoint that cannot be written after it is only out of step on disk: this start uses it from
+/// memory, and the next checkpoint replaces it. Returns the log's items when it was rewritten.
+fn compact_behind(
+    dir: &std::path::Path,
+    rows: &[LoggedRecord],
+    c: &mut super::checkpoint::Checkpoint,
+    config: &Config,
+    metrics: &Metrics,
+) -> Option<Vec<(u64, Item)>> {
+    let limits = config.limits();
+    let t = Instant::now();
+    let compacted = super::compact::compact(rows, c.epoch, &limits);
+    if rows.is_empty() || (compacted.dropped as f64) < config.checkpoint.compact_min_share * rows.len() as f64 {
+        return None;
+    }
+    let log = dir.join("input.log");
+    if let Err(e) = InputLog::rewrite(&log, &compacted.rows) {
+        tracing::warn!(path = %log.display(), error = %e, "could not compact the input log; it stays as it was");
+        return None;
+    }
+    let (kept, _, _) = replay_records(&compacted.rows, &limits);
+    c.records = kept.iter().filter(|(e, i)| *e <= c.epoch && matches!(i, Item::Record(_))).count() as u64;
+    if let Err(e) = c.write(&dir.join("checkpoint.bin")) {
+        tracing::warn!(error = %e, "could not write the checkpoint after compacting the input log");
+    }
+    metrics.input_log_compacted.inc_by(compacted.dropped as u64);
+    tracing::info!(epoch = c.epoch, lines = rows.len(), dropped = compacted.dropped, took = ?t.elapsed(),
+        "compacted the input log behind the checkpoint");
+    Some(kept)
+}
+
+/// The checkpoint in `dir`, if there is one this memory can start from.
+fn load_checkpoint(
+    dir: &std::path::Path,
+    config: &Config,
+    records: &[(u64, Item)],
+    replies: usize,
+) -> Option<super::checkpoint::Checkpoint> {
+    if config.checkpoint.interval.is_zero() {
+        return None;
+    }
+    let path = dir.join("checkpoint.bin");
+    match super::checkpoint::Checkpoint::read(&path, config) {
+        Ok(None) => None,
+        Ok(Some(c)) => {
+            let logged = records.iter().filter(|(e, i)| *e <= c.epoch && matches!(i, Item::Record(_))).count();
+            if logged as u64 == c.records && c.replies as usize <= replies {
+                return Some(c);
+            }
+            tracing::warn!(path = %path.display(), epoch = c.epoch, records = c.records, logged_records = logged,
+                replies = c.replies, logged_replies = replies,
+                "the checkpoint does not match the logs (lost or replaced); rebuilding from the logs");
+            None
+        }
+        Err(why) => {
+            tracing::warn!(path = %path.display(), %why, "the checkpoint cannot be used; rebuilding from the logs");
+            None
+        }
+    }
 }
 
 /// `text` cut to `max` characters, with `…` where it was cut.

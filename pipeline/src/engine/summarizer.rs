@@ -2,8 +2,9 @@
 //! segmentations, co-reference judgements). When one is due is [`Scheduler`]'s rule (a debounce per content key, and
 //! a latency bound for live sessions); a grown cluster may reuse an earlier summary ([`SummaryCache::plan`]). The
 //! rest go to the model on up to `llm.max-in-flight` threads. Each reply is appended to the response log (fsync'd)
-//! and queued as an input for the next epoch. A failed request is retried after another debounce; nothing is
-//! dropped.
+//! and queued as an input for the next epoch. A failed request is retried after another debounce, up to
+//! `llm.max-failures` attempts; then its extractive answer is logged in its place, with the reason, and it is asked
+//! again only when its content (so its key) changes.
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use super::state::Shared;
 /// A request sent to a model thread: `((space, key), request, coverage to record)`.
 type Job = ((String, String), ModelRequest, Option<Coverage>);
 /// Its reply, with the time it took.
-type Done = ((String, String), RequestKind, Result<String, LlmError>, Duration, Option<Coverage>);
+type Done = ((String, String), ModelRequest, Result<String, LlmError>, Duration, Option<Coverage>);
 
 /// Starts the model threads and the summariser's loop; the loop ends at shutdown.
 pub(super) fn spawn_summarizer(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
@@ -57,7 +58,7 @@ fn spawn_model_thread(i: usize, shared: Arc<Shared>, jobs: Arc<Mutex<Receiver<Jo
                     return;
                 }
             };
-            if done.send((key, request.kind(), out, t.elapsed(), covers)).is_err() {
+            if done.send((key, request, out, t.elapsed(), covers)).is_err() {
                 return;
             }
         })
@@ -76,7 +77,11 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
         key,
         response,
         covers,
+        fallback: None,
     };
+    // Failed attempts per request; past `llm.max-failures` its extractive answer is logged in its place.
+    let mut failures: std::collections::HashMap<(String, String), u32> = std::collections::HashMap::new();
+    let extractive = operators::extractive::Extractive { max_words: config.hierarchy.summary_words };
     while !shared.stopping() {
         let waiting: Vec<Waiting> = {
             let views = shared.views();
@@ -87,6 +92,18 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
         let mut done = Vec::new();
         for ((space, key), request) in scheduler.due(&waiting, now) {
             let plan = shared.summary_cache.lock().expect("summary cache lock").plan(space, key, request);
+            if let Some(reply) = shared.legacy_reply(space, key, request) {
+                shared.metrics.responses_upgraded.inc();
+                let covers = match plan {
+                    Plan::Reuse { coverage, .. } => Some(coverage),
+                    Plan::Ask(coverage) => coverage,
+                };
+                if let Some(c) = &covers {
+                    shared.summary_cache.lock().expect("summary cache lock").record(space, c, &reply);
+                }
+                done.push(logged(space.clone(), key.clone(), reply, covers));
+                continue;
+            }
             match plan {
                 Plan::Reuse { text, coverage } => {
                     shared.metrics.summaries_reused.inc();
@@ -97,9 +114,11 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
                 }
             }
         }
-        while let Ok((key, kind, out, took, covers)) = done_rx.try_recv() {
+        while let Ok((key, request, out, took, covers)) = done_rx.try_recv() {
+            let kind = request.kind();
             match out {
                 Ok(reply) => {
+                    failures.remove(&key);
                     if !shared.has_model() && kind == RequestKind::Summary {
                         shared.metrics.llm.requests.with_label_values(&["summary", "ok"]).inc();
                         shared.metrics.llm.duration.with_label_values(&["summary"]).observe(took.as_secs_f64());
@@ -110,8 +129,28 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
                     done.push(logged(key.0, key.1, reply, covers));
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "summary failed; retried after the debounce");
-                    scheduler.retry(&key, origin.elapsed());
+                    let n = failures.entry(key.clone()).or_default();
+                    *n += 1;
+                    if *n < config.llm.max_failures.max(1) {
+                        tracing::warn!(error = %e, kind = kind.name(), attempt = *n, "model request failed; retried after the debounce");
+                        scheduler.retry(&key, origin.elapsed());
+                        continue;
+                    }
+                    failures.remove(&key);
+                    match request.fallback(&extractive, &key.1) {
+                        Ok(reply) => {
+                            tracing::warn!(error = %e, kind = kind.name(), attempts = config.llm.max_failures,
+                                "model request failed every time; its extractive answer is logged in its place");
+                            shared.metrics.llm_fallbacks.with_label_values(&[kind.name()]).inc();
+                            let mut r = logged(key.0, key.1, reply, None);
+                            r.fallback = Some(e.to_string());
+                            done.push(r);
+                        }
+                        Err(f) => {
+                            tracing::error!(error = %e, fallback = %f, "model request failed and has no fallback");
+                            scheduler.retry(&key, origin.elapsed());
+                        }
+                    }
                 }
             }
         }

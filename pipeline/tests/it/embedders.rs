@@ -31,6 +31,19 @@ async fn space(engine: &Engine, name: &str) -> Value {
     spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == name).cloned()).unwrap_or(Value::Null)
 }
 
+/// The engine restarted on `dir`: once its replay has restored the three chunks, `q` still finds the cup.
+async fn restarted(dir: &std::path::Path, env: &[(&str, &str)], q: &Value) -> Engine {
+    let engine = Engine::start(dir, &[], env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while space(&engine, "port").await["nodes"] != 3 {
+        assert!(Instant::now() < deadline, "replay did not restore the memory");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, resp) = post(&format!("{}/v1/spaces/port/query", engine.api), q.to_string()).await;
+    assert_eq!(resp["evidence"][0]["id"], "cup#0", "{resp}");
+    engine
+}
+
 // Multi-threaded: the engine's start-up probe reaches the test server while the test thread waits for the engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_embedder_logs_vectors_and_a_restart_requests_none() {
@@ -66,15 +79,32 @@ async fn openai_embedder_logs_vectors_and_a_restart_requests_none() {
 
     // The restart replays the input log: the same memory, and not one text sent to the server (no probe either).
     let before = seen.lock().unwrap().len();
-    let engine = Engine::start(dir.path(), &[], &env);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while space(&engine, "port").await["nodes"] != 3 {
-        assert!(Instant::now() < deadline, "replay did not restore the memory");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (_, resp) = post(&format!("{}/v1/spaces/port/query", engine.api), q.to_string()).await;
-    assert_eq!(resp["evidence"][0]["id"], "cup#0", "{resp}");
+    let engine = restarted(dir.path(), &env, &q).await;
     assert_eq!(seen.lock().unwrap().len(), before, "a restart requests no embedding");
+    drop(engine);
+
+    // A log written before today's keys (its lines under the earlier FNV-1a keys, with no checksum, as that build
+    // wrote them) still spares every request.
+    let texts: std::collections::HashMap<String, String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| (connectors::embedders::text_key(t), connectors::embedders::legacy_text_key(t)))
+        .collect();
+    let path = dir.path().join("embeddings.log");
+    let old: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut row: Value = serde_json::from_str(l.split('\t').next().unwrap()).unwrap();
+            let key = row["key"].as_str().unwrap().to_string();
+            row["key"] = json!(texts.get(&key).expect("every logged vector was requested"));
+            row.to_string()
+        })
+        .collect();
+    std::fs::write(&path, old.join("\n") + "\n").unwrap();
+    let _engine = restarted(dir.path(), &env, &q).await;
+    assert_eq!(seen.lock().unwrap().len(), before, "an old embedding log spares every request");
 }
 
 #[tokio::test]

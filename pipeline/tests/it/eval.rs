@@ -173,6 +173,7 @@ async fn eval_with_a_model_scores_its_answers() {
         .env("ENGRAM__LLM__BACKEND", "openai")
         .env("ENGRAM__LLM__BASE_URL", &base)
         .env("ENGRAM__LLM__MODEL", "test-model")
+        .env("ENGRAM__LLM__RESPONSE_FORMAT", "json-schema")
         .env("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000");
     let output = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
     assert!(output.status.success(), "{output:?}");

@@ -158,6 +158,7 @@ async fn a_live_session_is_in_the_memory_at_once_and_reaches_the_model_within_it
         ("ENGRAM__LLM__BACKEND", "openai"),
         ("ENGRAM__LLM__BASE_URL", base.as_str()),
         ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__RESPONSE_FORMAT", "json-schema"),
         ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
         // A session that gains a turn every 150 ms never waits out this debounce: only the latency bound sends it.
         ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "1h"),

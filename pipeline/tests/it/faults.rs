@@ -113,3 +113,155 @@ async fn kill_9_at_random_points_loses_no_acknowledged_record() {
     assert_eq!(killed, points);
     assert_eq!(got, want, "after {killed} kills the memory equals the uninterrupted one");
 }
+
+/// The value of an unlabelled metric.
+async fn metric<T: std::str::FromStr>(engine: &Engine, name: &str) -> T {
+    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    let prefix = format!("{name} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.parse().ok())).expect(name)
+}
+
+async fn restored_epoch(engine: &Engine) -> i64 {
+    metric(engine, "engram_checkpoint_restored_epoch").await
+}
+
+/// Checkpoints every 50 ms, and at seeded points a kill -9 (the last checkpoint and the log after it) or a clean
+/// stop (a checkpoint of everything): each restart serves its checkpoint's memory at once and ends, once the
+/// dataflow has rebuilt behind it and the tail is applied, with the memory of the uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_from_checkpoints_equal_an_uninterrupted_run() {
+    let batches = batches(5);
+    let env = [("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms"), ("ENGRAM__CHECKPOINT__INTERVAL", "50ms")];
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &[("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms")]);
+    let mut last = 0;
+    for b in &batches {
+        last = send(&engine.api, b).await.unwrap();
+    }
+    let want = state(&engine.api, last).await;
+    drop(engine);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mut stops: Vec<usize> = (0..12).map(|_| rng.gen_range(1..batches.len())).collect();
+    stops.sort_unstable();
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    let (mut next, mut last, mut restored, mut clean) = (0, 0, 0, 0);
+    while next < batches.len() {
+        if stops.first().is_some_and(|s| *s <= next) {
+            stops.remove(0);
+            // Give the checkpoint timer a chance, then stop one way or the other.
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(0..120))).await;
+            if rng.gen_bool(0.5) {
+                assert_eq!(engine.terminate(), Some(0));
+                clean += 1;
+            } else {
+                engine.kill9();
+            }
+            engine = Engine::start(dir.path(), &[], &env);
+            if restored_epoch(&engine).await >= 0 {
+                restored += 1;
+            }
+            continue;
+        }
+        last = send(&engine.api, &batches[next]).await.unwrap();
+        next += 1;
+    }
+    let got = state(&engine.api, last).await;
+    assert!(clean > 0 && restored >= clean, "{restored} restarts from a checkpoint, {clean} clean stops");
+    assert_eq!(got, want, "after restarts from checkpoints the memory equals the uninterrupted one");
+    // And a restart with nothing after the last checkpoint serves it as it stands.
+    let mut engine = engine;
+    assert_eq!(engine.terminate(), Some(0));
+    let engine = Engine::start(dir.path(), &[], &env);
+    assert!(restored_epoch(&engine).await >= last as i64);
+    assert_eq!(state(&engine.api, last).await, want);
+    // A checkpoint that does not read (a byte flipped) is set aside with a warning: the restart rebuilds.
+    let mut engine = engine;
+    assert_eq!(engine.terminate(), Some(0));
+    let path = dir.path().join("checkpoint.bin");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+    let engine = Engine::start(dir.path(), &[], &env);
+    assert_eq!(restored_epoch(&engine).await, -1);
+    assert_eq!(state(&engine.api, last).await, want);
+}
+
+async fn compacted_lines(engine: &Engine) -> u64 {
+    metric(engine, "engram_input_log_compacted_lines_total").await
+}
+
+/// A start from a checkpoint compacts the input log behind it: the records replaced or deleted by then leave the
+/// log, the memory is the one before the stop, later replacements and deletes apply on top of it as on an engine
+/// that never stopped, and the next start finds nothing to compact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_compacts_the_log_behind_its_checkpoint() {
+    let mut records = batches(5);
+    // Every document's first chunk sent three more times, and six documents deleted.
+    for round in 0..3 {
+        let again: Vec<String> = (0..24)
+            .map(|d| json!({"kind": "chunk", "doc": format!("d{d}"), "seq": 0, "text": format!("tide {round} pier {d}")}))
+            .map(|v| v.to_string())
+            .collect();
+        records.push(again.join("\n"));
+    }
+    records.push(
+        (0..6)
+            .map(|d| json!({"kind": "delete", "doc": format!("d{}", 4 * d)}).to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    // After the restart: a replacement of a compacted record, a deleted document back, a delete of a kept one.
+    let after = [
+        json!({"kind": "chunk", "doc": "d1", "seq": 0, "text": "ferry strike council vote"}),
+        json!({"kind": "chunk", "doc": "d4", "seq": 2, "text": "harbour wall storm"}),
+        json!({"kind": "delete", "doc": "d5"}),
+    ]
+    .iter()
+    .map(Value::to_string)
+    .collect::<Vec<_>>()
+    .join("\n");
+    let env = [("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms")];
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &env);
+    let mut last = 0;
+    for b in &records {
+        last = send(&engine.api, b).await.unwrap();
+    }
+    let before = state(&engine.api, last).await;
+    last = send(&engine.api, &after).await.unwrap();
+    let uninterrupted = state(&engine.api, last).await;
+    drop(engine);
+
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("input.log");
+    let lines = || std::fs::read_to_string(&log).unwrap().lines().count() as u64;
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    let mut last = 0;
+    for b in &records {
+        last = send(&engine.api, b).await.unwrap();
+    }
+    assert_eq!(state(&engine.api, last).await, before);
+    assert_eq!(engine.terminate(), Some(0));
+    let logged = lines();
+
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    assert!(restored_epoch(&engine).await >= last as i64, "the start serves the checkpoint");
+    let compacted = compacted_lines(&engine).await;
+    assert!(compacted >= 3 * 24, "{compacted} of {logged} lines compacted away");
+    assert_eq!(lines(), logged - compacted, "the log holds what the checkpoint still needs");
+    assert_eq!(state(&engine.api, last).await, before, "the memory before the stop");
+    let last = send(&engine.api, &after).await.unwrap();
+    assert_eq!(state(&engine.api, last).await, uninterrupted, "later records apply as on an engine that never stopped");
+    assert_eq!(engine.terminate(), Some(0));
+
+    let engine = Engine::start(dir.path(), &[], &env);
+    assert!(restored_epoch(&engine).await >= last as i64);
+    assert_eq!(compacted_lines(&engine).await, 0, "nothing left to compact");
+    assert_eq!(state(&engine.api, last).await, uninterrupted);
+}

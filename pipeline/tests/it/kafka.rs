@@ -255,6 +255,7 @@ async fn kill_9_mid_stream_gives_the_uninterrupted_memory_and_repeats_no_llm_cal
         ("ENGRAM__LLM__BACKEND", "openai"),
         ("ENGRAM__LLM__BASE_URL", base.as_str()),
         ("ENGRAM__LLM__MODEL", "test-model"),
+        ("ENGRAM__LLM__RESPONSE_FORMAT", "json-schema"),
         ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
         // Long enough that the kill lands before any summary is asked for: what is asked is asked once.
         ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "3s"),

@@ -61,3 +61,70 @@ async fn a_corrupt_line_stops_the_start_and_repair_moves_it_aside() {
     let (status, n) = get(&format!("{}/v1/spaces/logs/nodes/d%232", engine.api)).await;
     assert_eq!(status, 200, "{n}");
 }
+
+async fn metric(engine: &Engine, name: &str) -> f64 {
+    let text = crate::common::client().get(format!("{}/metrics", engine.admin)).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+/// A response log written by the build before today's content keys (`tests/fixtures/legacy-responses.log`: the
+/// bundled news example summarised by the extractive backend, keys of FNV-1a) still spares its calls: every layer-1
+/// summary is found under its earlier key and logged again under today's; only the upper layers, whose members are
+/// cluster ids derived with the earlier hash, are asked again. A restart after that asks nothing.
+#[tokio::test]
+async fn an_old_response_log_still_spares_its_calls() {
+    let news = format!("{}/../examples/news.jsonl", env!("CARGO_MANIFEST_DIR"));
+    let legacy = format!("{}/tests/fixtures/legacy-responses.log", env!("CARGO_MANIFEST_DIR"));
+    let asked = "engram_llm_requests_total{outcome=\"ok\",stage=\"summary\"}";
+
+    let fresh = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(fresh.path(), &["--input", &news], &[]);
+    let space = crate::common::settled_news(&engine).await;
+    let asked_fresh = metric(&engine, asked).await;
+    assert_eq!(engine.terminate(), Some(0));
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&legacy, dir.path().join("responses.log")).unwrap();
+    let old_lines = std::fs::read_to_string(&legacy).unwrap().lines().count();
+    let mut engine = Engine::start(dir.path(), &["--input", &news], &[]);
+    let upgraded_space = crate::common::settled_news(&engine).await;
+    assert_eq!(upgraded_space["layers"], space["layers"], "the same memory");
+    let layer1 = space["layers"][1].as_f64().unwrap();
+    let upgraded = metric(&engine, "engram_responses_upgraded_total").await;
+    let asked_now = metric(&engine, asked).await;
+    assert!(upgraded >= layer1, "{upgraded} replies upgraded for {layer1} layer-1 clusters");
+    assert!(asked_now + upgraded <= asked_fresh + 1.0, "asked {asked_now}, upgraded {upgraded}, fresh {asked_fresh}");
+    assert!(asked_now < asked_fresh - layer1 + 1.0, "asked {asked_now} of {asked_fresh}");
+    // The old lines stay; the upgraded replies are logged under today's keys, with the same text.
+    let rows = crate::common::log_rows(&dir.path().join("responses.log"));
+    assert!(rows.len() >= old_lines + upgraded as usize, "{} rows", rows.len());
+    let (_, chunk) = get(&format!("{}/v1/spaces/news/nodes/pm-2026-11-23-storm%230", engine.api)).await;
+    let parent = chunk["parents"][0].as_str().unwrap().to_string();
+    let (_, cluster) = get(&format!("{}/v1/spaces/news/nodes/{parent}", engine.api)).await;
+    let text = cluster["text"].as_str().unwrap();
+    assert!(std::fs::read_to_string(&legacy).unwrap().contains(&serde_json::to_string(text).unwrap()), "{text}");
+    assert_eq!(engine.terminate(), Some(0));
+
+    let logged = crate::common::log_rows(&dir.path().join("responses.log")).len();
+    let mut engine = Engine::start(dir.path(), &["--input", &news], &[]);
+    crate::common::settled_news(&engine).await;
+    // The views start from the checkpoint; the dataflow rebuilds behind it, and only once it is done has every
+    // passing cluster of the rebuild come and gone.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while metric(&engine, "engram_checkpoint_rebuilding").await != 0.0 {
+        assert!(Instant::now() < deadline, "the rebuild behind the checkpoint did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    crate::common::settled_news(&engine).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(metric(&engine, asked).await, 0.0, "a restart asks nothing");
+    // A restart's rebuild may meet a passing cluster that the run before never held long enough to ask for (the
+    // debounce depends on timing); the old log or a summary of part of it answers that one: an upgrade or a reuse,
+    // never a call, and logged.
+    let answered = metric(&engine, "engram_responses_upgraded_total").await
+        + metric(&engine, "engram_summaries_reused_total").await;
+    assert_eq!(engine.terminate(), Some(0));
+    let rows = crate::common::log_rows(&dir.path().join("responses.log")).len();
+    assert_eq!(rows, logged + answered as usize, "only upgrades and reuses are logged on a restart");
+}

@@ -19,3 +19,4 @@ mod kafka;
 mod llm;
 mod logs;
 mod mcp;
+mod real_llm;

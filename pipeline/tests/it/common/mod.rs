@@ -122,6 +122,8 @@ pub fn llm_env(base: &str) -> Vec<(&'static str, &str)> {
         ("ENGRAM__LLM__BACKEND", "openai"),
         ("ENGRAM__LLM__BASE_URL", base),
         ("ENGRAM__LLM__MODEL", "test-model"),
+        // The scripted servers serve json_schema; no start-up probe to count among their calls.
+        ("ENGRAM__LLM__RESPONSE_FORMAT", "json-schema"),
         ("ENGRAM__LLM__REQUESTS_PER_MINUTE", "60000"),
         ("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"),
     ]
@@ -171,4 +173,19 @@ pub fn log_rows(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| l.rsplit_once('\t').map_or(l, |(json, _)| json))
         .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("{}: {e}: {j}", path.display())))
         .collect()
+}
+
+/// The bundled news example's space once it has settled (59 nodes, three layers or more, no summary pending).
+pub async fn settled_news(engine: &Engine) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        if let Some(news) = spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == "news")) {
+            if news["nodes"] == 59 && news["layers"].as_array().unwrap().len() >= 3 && news["summaries_pending"] == 0 {
+                return news.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "not settled: {spaces}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

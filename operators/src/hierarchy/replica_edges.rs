@@ -1,0 +1,241 @@
+//! The replica graph's edges, kept incrementally per space: an edge `(u, v, w)` of the layer joins the replica of `u`
+//! for the component of its ego network that holds `v` to the replica of `v` for the component that holds `u`, with
+//! the same weight. As two joins of the edges with the ego-network components this kept four arrangements keyed by
+//! `(space, u, v)` per layer; here the state is each edge's weight rows and the two components of its ends, and an
+//! epoch rewrites only the edges whose weight or components changed.
+
+use super::slots::{HashMap, HashSet, Slots};
+use super::Replica;
+
+/// A change of the input: an edge `(u, v, Some(weight))` (either order), or an ego-network component
+/// `(v, a, None)` with its name in `component`.
+pub type EdgeOrComponent = (String, String, Option<u64>, String);
+
+/// A directed replica edge `(x, (y, weight))`.
+pub type ReplicaEdge = (Replica, (Replica, u64));
+
+/// One space's edges and components, over interned names.
+pub struct ReplicaEdges {
+    /// Node and component names ↔ slots; the slots nothing names any more are released by a sweep once as many
+    /// names were added since the last one as were live after it (at least `min_sweep`).
+    slots: Slots<String>,
+    added: usize,
+    live_at_sweep: usize,
+    min_sweep: usize,
+    /// `(u, v)`, the smaller slot first → weight → multiplicity.
+    weights: HashMap<(u32, u32), Vec<(u64, isize)>>,
+    /// `(v, a)` → the component of `v`'s ego network holding `a` → multiplicity.
+    components: HashMap<(u32, u32), Vec<(u32, isize)>>,
+    /// What each edge emitted: `(cu, cv, weight)` with multiplicity, `cu` the component at the key's first end.
+    emitted: HashMap<(u32, u32), Vec<((u32, u32, u64), isize)>>,
+}
+
+fn bump<K: PartialEq>(rows: &mut Vec<(K, isize)>, k: K, d: isize) {
+    match rows.iter().position(|(x, _)| *x == k) {
+        Some(i) => {
+            rows[i].1 += d;
+            if rows[i].1 == 0 {
+                rows.swap_remove(i);
+            }
+        }
+        None => rows.push((k, d)),
+    }
+}
+
+impl Default for ReplicaEdges {
+    fn default() -> Self {
+        ReplicaEdges {
+            slots: Slots::default(),
+            added: 0,
+            live_at_sweep: 0,
+            min_sweep: 1024,
+            weights: HashMap::default(),
+            components: HashMap::default(),
+            emitted: HashMap::default(),
+        }
+    }
+}
+
+impl ReplicaEdges {
+    pub fn is_empty(&self) -> bool {
+        self.weights.is_empty() && self.components.is_empty() && self.emitted.is_empty()
+    }
+
+    fn slot(&mut self, name: &str) -> u32 {
+        let live = self.slots.len();
+        let s = self.slots.intern(name).0;
+        self.added += self.slots.len() - live;
+        s
+    }
+
+    /// Applies one epoch's changes; returns the changes of the directed replica edges (both directions of each).
+    pub fn apply(&mut self, changes: Vec<(EdgeOrComponent, isize)>) -> Vec<(ReplicaEdge, isize)> {
+        let mut touched: HashSet<(u32, u32)> = HashSet::default();
+        for ((x, y, weight, component), d) in changes {
+            let (x, y) = (self.slot(&x), self.slot(&y));
+            let key = (x.min(y), x.max(y));
+            match weight {
+                Some(w) => {
+                    let rows = self.weights.entry(key).or_default();
+                    bump(rows, w, d);
+                    if rows.is_empty() {
+                        self.weights.remove(&key);
+                    }
+                }
+                None => {
+                    let c = self.slot(&component);
+                    let rows = self.components.entry((x, y)).or_default();
+                    bump(rows, c, d);
+                    if rows.is_empty() {
+                        self.components.remove(&(x, y));
+                    }
+                }
+            }
+            touched.insert(key);
+        }
+        let mut out = Vec::new();
+        for key in touched {
+            let (u, v) = key;
+            let mut now: Vec<((u32, u32, u64), isize)> = Vec::new();
+            if let (Some(ws), Some(cus), Some(cvs)) =
+                (self.weights.get(&key), self.components.get(&(u, v)), self.components.get(&(v, u)))
+            {
+                for &(w, dw) in ws {
+                    for &(cu, du) in cus {
+                        for &(cv, dv) in cvs {
+                            now.push(((cu, cv, w), dw * du * dv));
+                        }
+                    }
+                }
+            }
+            now.sort_unstable();
+            let before = self.emitted.remove(&key).unwrap_or_default();
+            if before != now {
+                let name = |s: u32| self.slots.key(s).clone();
+                let rows = |&(cu, cv, w): &(u32, u32, u64)| {
+                    let (ru, rv) = ((name(u), name(cu)), (name(v), name(cv)));
+                    [(ru.clone(), (rv.clone(), w)), (rv, (ru, w))]
+                };
+                for (row, d) in &before {
+                    out.extend(rows(row).into_iter().map(|r| (r, -d)));
+                }
+                for (row, d) in &now {
+                    out.extend(rows(row).into_iter().map(|r| (r, *d)));
+                }
+            }
+            if !now.is_empty() {
+                self.emitted.insert(key, now);
+            }
+        }
+        if self.added >= self.live_at_sweep.max(self.min_sweep) {
+            self.sweep();
+        }
+        out
+    }
+
+    /// Releases the slots that no edge, component or emitted row names.
+    fn sweep(&mut self) {
+        let mut named = vec![false; self.slots.capacity()];
+        for &(u, v) in self.weights.keys() {
+            named[u as usize] = true;
+            named[v as usize] = true;
+        }
+        for (&(v, a), cs) in &self.components {
+            named[v as usize] = true;
+            named[a as usize] = true;
+            for &(c, _) in cs {
+                named[c as usize] = true;
+            }
+        }
+        for (&(u, v), rows) in &self.emitted {
+            named[u as usize] = true;
+            named[v as usize] = true;
+            for &((cu, cv, _), _) in rows {
+                named[cu as usize] = true;
+                named[cv as usize] = true;
+            }
+        }
+        for (s, named) in named.into_iter().enumerate() {
+            if !named && self.slots.holds(s as u32) {
+                self.slots.release(s as u32);
+            }
+        }
+        self.added = 0;
+        self.live_at_sweep = self.slots.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Seeded random edges (inserts, deletes, weight changes) and components (changed, removed): after every batch
+    /// the emitted rows equal the join of the edges with the components at both ends.
+    #[test]
+    fn incremental_replica_edges_equal_the_join() {
+        for seed in 0..10 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            // Sweeps as soon as as many names were added as were live, so that released slots are reused here.
+            let mut op = ReplicaEdges { min_sweep: 0, ..ReplicaEdges::default() };
+            let mut edges: BTreeMap<(String, String), u64> = BTreeMap::new();
+            let mut comps: BTreeMap<(String, String), String> = BTreeMap::new();
+            let mut emitted: BTreeMap<ReplicaEdge, isize> = BTreeMap::new();
+            for _ in 0..40 {
+                let mut batch = Vec::new();
+                for _ in 0..rng.gen_range(1..12) {
+                    let (a, b) = (rng.gen_range(0..12), rng.gen_range(0..12));
+                    if a == b {
+                        continue;
+                    }
+                    if rng.gen_bool(0.5) {
+                        let key = (format!("n{:02}", a.min(b)), format!("n{:02}", a.max(b)));
+                        if let Some(w) = edges.remove(&key) {
+                            batch.push(((key.0.clone(), key.1.clone(), Some(w), String::new()), -1));
+                        }
+                        if rng.gen_bool(0.6) {
+                            let w = rng.gen_range(1..4);
+                            edges.insert(key.clone(), w);
+                            batch.push(((key.0, key.1, Some(w), String::new()), 1));
+                        }
+                    } else {
+                        let key = (format!("n{a:02}"), format!("n{b:02}"));
+                        if let Some(c) = comps.remove(&key) {
+                            batch.push(((key.0.clone(), key.1.clone(), None, c), -1));
+                        }
+                        if rng.gen_bool(0.7) {
+                            let c = format!("n{:02}", rng.gen_range(0..12));
+                            comps.insert(key.clone(), c.clone());
+                            batch.push(((key.0, key.1, None, c), 1));
+                        }
+                    }
+                }
+                for (row, d) in op.apply(batch) {
+                    let n = emitted.entry(row.clone()).or_default();
+                    *n += d;
+                    if *n == 0 {
+                        emitted.remove(&row);
+                    }
+                }
+                let mut want: BTreeMap<ReplicaEdge, isize> = BTreeMap::new();
+                for ((u, v), w) in &edges {
+                    if let (Some(cu), Some(cv)) =
+                        (comps.get(&(u.clone(), v.clone())), comps.get(&(v.clone(), u.clone())))
+                    {
+                        let (ru, rv) = ((u.clone(), cu.clone()), (v.clone(), cv.clone()));
+                        want.insert((ru.clone(), (rv.clone(), *w)), 1);
+                        want.insert((rv, (ru, *w)), 1);
+                    }
+                }
+                assert_eq!(emitted, want, "seed {seed}");
+            }
+            if edges.is_empty() && comps.is_empty() {
+                assert!(op.is_empty());
+            }
+        }
+    }
+}

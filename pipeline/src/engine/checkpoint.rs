@@ -1,0 +1,260 @@
+//! Checkpoints of the views: what a restart serves at once, while the dataflow rebuilds from the logs behind it.
+//!
+//! A checkpoint holds the views at an epoch `E` as the updates that build them ([`Views::snapshot`]), the number of
+//! the model's replies the dataflow had been fed by `E` (the first that many of the response log, in its order), and
+//! a fingerprint of the configuration the memory depends on. The memory at `E` is a function of the records logged
+//! at epochs up to `E` and of those replies, so a restart feeds exactly them at epoch `E` — their updates are what
+//! the checkpoint already holds, and the views sink drops them — and everything after at `E + 1`, applied as usual.
+//! The file is `DATA_DIR/checkpoint.bin`: a magic line, the bincode body, and the body's BLAKE3 hash; written aside,
+//! fsync'd, renamed over the last one, the directory fsync'd. A checkpoint that does not read, whose hash or
+//! fingerprint does not match, or that is ahead of the logs (a lost log) is ignored with a warning: the restart
+//! rebuilds.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use operators::model::ErrorRow;
+use operators::Embedding;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::views::{ViewUpdate, Views};
+
+const MAGIC: &[u8] = b"engram checkpoint 1\n";
+
+/// The views at an epoch, and what the dataflow had been fed by then.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Checkpoint {
+    pub fingerprint: String,
+    pub epoch: u64,
+    /// The model's replies fed by `epoch`: the first this many of the response log's dataflow replies.
+    pub replies: u64,
+    /// The input log's records fed by `epoch`: a log that holds another number up to `epoch` is not the one this
+    /// checkpoint was made from (a lost or replaced log).
+    pub records: u64,
+    pub errors_total: u64,
+    /// The recent rejects, as JSON (their optional field is skipped when empty, which bincode cannot read back).
+    pub errors: Vec<String>,
+    pub updates: Vec<ViewUpdate>,
+    pub vectors: Vec<(String, Embedding)>,
+}
+
+impl Checkpoint {
+    /// The views' checkpoint at their `as_of`, with `(replies, records)` fed by then.
+    pub fn of(views: &Views, config: &Config, (replies, records): (u64, u64)) -> Option<Checkpoint> {
+        let epoch = views.as_of?;
+        let (updates, vectors) = views.snapshot();
+        Some(Checkpoint {
+            fingerprint: fingerprint(config),
+            epoch,
+            replies,
+            records,
+            errors_total: views.errors_total,
+            errors: views.recent_errors.iter().filter_map(|e| serde_json::to_string(e).ok()).collect(),
+            updates,
+            vectors,
+        })
+    }
+
+    /// Builds `views` from the checkpoint.
+    pub fn restore(self, views: &mut Views) {
+        let errors: VecDeque<ErrorRow> = self.errors.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+        views.restore(self.epoch, self.updates, self.vectors, self.errors_total, errors);
+    }
+
+    /// Writes the checkpoint to `path`, replacing the last one only once this one is whole and durable.
+    pub fn write(&self, path: &Path) -> std::io::Result<u64> {
+        let body = bincode::serialize(self).map_err(std::io::Error::other)?;
+        let aside = aside(path);
+        let mut f = std::fs::File::create(&aside)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&body)?;
+        f.write_all(blake3::hash(&body).as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&aside, path)?;
+        connectors::input_log::sync_parent(path)?;
+        Ok((MAGIC.len() + body.len() + 32) as u64)
+    }
+
+    /// Reads the checkpoint at `path`: `Ok(None)` when there is none, an error naming what is wrong otherwise.
+    pub fn read(path: &Path, config: &Config) -> Result<Option<Checkpoint>, String> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let body = bytes
+            .strip_prefix(MAGIC)
+            .filter(|b| b.len() >= 32)
+            .ok_or_else(|| "not an engram checkpoint (or one of another version)".to_string())?;
+        let (body, hash) = body.split_at(body.len() - 32);
+        if blake3::hash(body).as_bytes() != hash {
+            return Err("checksum mismatch".into());
+        }
+        let c: Checkpoint = bincode::deserialize(body).map_err(|e| format!("does not read: {e}"))?;
+        if c.fingerprint != fingerprint(config) {
+            return Err("written under another configuration of the memory".into());
+        }
+        Ok(Some(c))
+    }
+}
+
+fn aside(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".tmp");
+    PathBuf::from(p)
+}
+
+/// What the memory depends on besides its logs: a checkpoint made under other settings of these is not this memory.
+pub(super) fn fingerprint(config: &Config) -> String {
+    let parts = serde_json::json!({
+        "ingest": { "chunk-tokens": config.ingest.chunk_tokens, "max-record-bytes": config.ingest.max_record_bytes,
+                    "max-id-bytes": config.ingest.max_id_bytes },
+        "embedder": &config.embedder,
+        "events": &config.events,
+        "similarity": &config.similarity,
+        "hierarchy": &config.hierarchy,
+        "llm": { "backend": &config.llm.backend, "model": &config.llm.model },
+        "query": &config.query,
+    });
+    operators::hash::content_hex(parts.to_string().as_bytes())
+}
+
+impl super::state::Shared {
+    fn checkpoint_path(&self) -> PathBuf {
+        self.data_dir().join("checkpoint.bin")
+    }
+
+    /// Whether this engine writes checkpoints: configured, one process, and every reply it is fed is in its own
+    /// response log (replies read from the response topic are not, so counting them would misplace the cut).
+    fn checkpoints_on(&self) -> bool {
+        !self.config.checkpoint.interval.is_zero() && self.place.processes <= 1 && self.checkpoints_allowed
+    }
+
+    /// The driver fed `epoch` with `replies` of the model's replies and `records` records among its items.
+    pub(super) fn fed(&self, epoch: u64, replies: u64, records: u64) {
+        let mut fed = self.fed.lock().expect("fed lock");
+        fed.0 .0 += replies;
+        fed.0 .1 += records;
+        let total = fed.0;
+        fed.1.insert(epoch, total);
+    }
+
+    /// The replies and records fed by the end of `epoch`.
+    fn fed_by(&self, epoch: u64) -> (u64, u64) {
+        let mut fed = self.fed.lock().expect("fed lock");
+        let Some((&at, &n)) = fed.1.range(..=epoch).next_back() else { return (0, 0) };
+        fed.1 = fed.1.split_off(&at);
+        n
+    }
+
+    /// Called by the views sink once the views hold `as_of`: writes a checkpoint in the background when one is due.
+    pub(super) fn checkpoint_if_due(self: &std::sync::Arc<Self>, as_of: u64) {
+        if !self.checkpoints_on()
+            || self.restored_through.is_some_and(|e| as_of <= e)
+            || self.last_checkpoint.lock().expect("checkpoint lock").elapsed() < self.config.checkpoint.interval
+            || self.checkpointing.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let checkpoint = {
+            let views = self.views();
+            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a)))
+        };
+        let shared = self.clone();
+        std::thread::spawn(move || {
+            if let Some(c) = checkpoint {
+                shared.write_checkpoint(&c);
+            }
+            *shared.last_checkpoint.lock().expect("checkpoint lock") = std::time::Instant::now();
+            shared.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+
+    /// Writes the last checkpoint, at a clean stop (after any in the background).
+    pub(super) fn final_checkpoint(&self) {
+        if !self.checkpoints_on() || self.failure().is_some() {
+            return;
+        }
+        while self.checkpointing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let checkpoint = {
+            let views = self.views();
+            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a)))
+        };
+        if let Some(c) = checkpoint {
+            self.write_checkpoint(&c);
+        }
+        self.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn write_checkpoint(&self, c: &Checkpoint) {
+        let t = std::time::Instant::now();
+        match c.write(&self.checkpoint_path()) {
+            Ok(bytes) => {
+                self.metrics.checkpoint_epoch.set(c.epoch as i64);
+                self.metrics.checkpoint_bytes.set(bytes as i64);
+                self.metrics.checkpoint_seconds.observe(t.elapsed().as_secs_f64());
+                tracing::info!(epoch = c.epoch, bytes, took = ?t.elapsed(), "checkpoint written");
+            }
+            Err(e) => {
+                self.metrics.checkpoint_failures.inc();
+                tracing::error!(error = %e, "could not write the checkpoint; the last one stands");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Overrides;
+
+    fn refused(r: Result<Option<Checkpoint>, String>) -> String {
+        r.err().expect("refused")
+    }
+
+    fn config(env: &[(&str, &str)]) -> Config {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::load(None, env, &Overrides::default()).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_and_a_damaged_or_foreign_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.bin");
+        let c = config(&[]);
+        assert!(Checkpoint::read(&path, &c).unwrap().is_none(), "none yet");
+        let mut views = Views::default();
+        let node = operators::Node {
+            id: "d#0".into(),
+            kind: operators::model::NodeKind::Chunk,
+            doc: "d".into(),
+            pos: 0,
+            text: "the harbour".into(),
+            speaker: None,
+            ts: None,
+        };
+        views.apply(vec![(ViewUpdate::Node("s".into(), node, Embedding(vec![1.0, 0.0].into())), 1)]);
+        views.as_of = Some(4);
+        Checkpoint::of(&views, &c, (2, 1)).unwrap().write(&path).unwrap();
+        let back = Checkpoint::read(&path, &c).unwrap().unwrap();
+        assert_eq!((back.epoch, back.replies, back.records, back.updates.len()), (4, 2, 1, 1));
+        let mut restored = Views::default();
+        back.restore(&mut restored);
+        assert_eq!((restored.as_of, restored.node_count()), (Some(4), 1));
+
+        let other = config(&[("ENGRAM__SIMILARITY__THETA", "0.9")]);
+        assert!(refused(Checkpoint::read(&path, &other)).contains("another configuration"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() - 40;
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(refused(Checkpoint::read(&path, &c)), "checksum mismatch");
+        std::fs::write(&path, b"garbage").unwrap();
+        assert!(refused(Checkpoint::read(&path, &c)).contains("not an engram checkpoint"));
+    }
+}
