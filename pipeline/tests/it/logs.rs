@@ -106,25 +106,45 @@ async fn an_old_response_log_still_spares_its_calls() {
     assert!(std::fs::read_to_string(&legacy).unwrap().contains(&serde_json::to_string(text).unwrap()), "{text}");
     assert_eq!(engine.terminate(), Some(0));
 
-    let logged = crate::common::log_rows(&dir.path().join("responses.log")).len();
+    let log = dir.path().join("responses.log");
+    let logged = crate::common::log_rows(&log).len();
     let mut engine = Engine::start(dir.path(), &["--input", &news], &[]);
-    crate::common::settled_news(&engine).await;
-    // The views start from the checkpoint; the dataflow rebuilds behind it, and only once it is done has every
-    // passing cluster of the rebuild come and gone.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while metric(&engine, "engram_checkpoint_rebuilding").await != 0.0 {
-        assert!(Instant::now() < deadline, "the rebuild behind the checkpoint did not finish");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    crate::common::settled_news(&engine).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(metric(&engine, asked).await, 0.0, "a restart asks nothing");
+    // The views start from the checkpoint; the dataflow rebuilds behind it and then brings the views its own state,
+    // whose passing clusters each wait a debounce before they are answered (an upgrade, a reuse or, wrongly, a call),
+    // and an answered layer's next layer waits another. So the test waits for quiet: no rebuild, nothing pending,
+    // and the counters and the log unchanged for well over a debounce.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = None;
+    let mut since = Instant::now();
+    let (asked_now, answered, rows) = loop {
+        let rebuilding = metric(&engine, "engram_checkpoint_rebuilding").await;
+        let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
+        let pending = spaces["spaces"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["space"] == "news"))
+            .map(|s| s["summaries_pending"].clone());
+        let asked_now = metric(&engine, asked).await;
+        let answered = metric(&engine, "engram_responses_upgraded_total").await
+            + metric(&engine, "engram_summaries_reused_total").await;
+        // Complete lines only: a line may be half appended while it is read.
+        let rows = std::fs::read_to_string(&log).unwrap().matches('\n').count();
+        let now = (rebuilding, pending.clone(), asked_now, answered, rows);
+        if last.as_ref() != Some(&now) {
+            last = Some(now);
+            since = Instant::now();
+        } else if rebuilding == 0.0 && pending == Some(serde_json::json!(0)) && since.elapsed() > Duration::from_secs(3)
+        {
+            break (asked_now, answered, rows);
+        }
+        assert!(Instant::now() < deadline, "never quiet after the restart: {last:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(asked_now, 0.0, "a restart asks nothing");
     // A restart's rebuild may meet a passing cluster that the run before never held long enough to ask for (the
     // debounce depends on timing); the old log or a summary of part of it answers that one: an upgrade or a reuse,
     // never a call, and logged.
-    let answered = metric(&engine, "engram_responses_upgraded_total").await
-        + metric(&engine, "engram_summaries_reused_total").await;
+    assert_eq!(rows, logged + answered as usize, "only upgrades and reuses are logged on a restart ({logged} before)");
     assert_eq!(engine.terminate(), Some(0));
-    let rows = crate::common::log_rows(&dir.path().join("responses.log")).len();
-    assert_eq!(rows, logged + answered as usize, "only upgrades and reuses are logged on a restart");
+    let after = crate::common::log_rows(&log).len();
+    assert_eq!(after, rows, "nothing is logged at shutdown");
 }
