@@ -21,8 +21,8 @@ pub struct Ego {
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
     adj: Vec<HashMap<u32, isize>>,
-    /// What was emitted for each node: neighbour → component, both slots.
-    emitted: Vec<BTreeMap<u32, u32>>,
+    /// What was emitted for each node: (neighbour, component) slots, sorted by neighbour, allocated to size.
+    emitted: Vec<Box<[(u32, u32)]>>,
     /// Scratch: slot → local index + 1 while one ego network is computed.
     mark: Vec<u32>,
 }
@@ -40,7 +40,7 @@ impl Ego {
         let (s, new) = self.slots.intern(n);
         if new {
             self.adj.push(HashMap::default());
-            self.emitted.push(BTreeMap::new());
+            self.emitted.push(Box::default());
             self.mark.push(0);
         }
         s
@@ -75,18 +75,18 @@ impl Ego {
         for v in affected {
             let now = self.components(v);
             let before = std::mem::take(&mut self.emitted[v as usize]);
-            for (a, c) in &before {
+            for (a, c) in before.iter() {
                 let n = now.get(a);
                 if n != Some(c) {
                     out.push((self.name(v), self.name(*a), Some(self.name(*c)), n.map(|n| self.name(*n))));
                 }
             }
             for (a, c) in &now {
-                if !before.contains_key(a) {
+                if before.binary_search_by_key(a, |r| r.0).is_err() {
                     out.push((self.name(v), self.name(*a), None, Some(self.name(*c))));
                 }
             }
-            self.emitted[v as usize] = now;
+            self.emitted[v as usize] = now.into_iter().collect();
         }
         for s in seen {
             if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() {

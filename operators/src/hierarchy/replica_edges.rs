@@ -14,7 +14,9 @@ pub type EdgeOrComponent = (String, String, Option<u64>, String);
 /// A directed replica edge `(x, (y, weight))`.
 pub type ReplicaEdge = (Replica, (Replica, u64));
 
-/// One space's edges and components, over interned names.
+/// One space's edges and components, over interned names. What an edge emitted is not kept: it is always the
+/// product of the edge's weight rows and its two components' rows, so an epoch takes it from the state before it
+/// applies its changes.
 pub struct ReplicaEdges {
     /// Node and component names ↔ slots; the slots nothing names any more are released by a sweep once as many
     /// names were added since the last one as were live after it (at least `min_sweep`).
@@ -22,15 +24,19 @@ pub struct ReplicaEdges {
     added: usize,
     live_at_sweep: usize,
     min_sweep: usize,
-    /// `(u, v)`, the smaller slot first → weight → multiplicity.
-    weights: HashMap<(u32, u32), Vec<(u64, isize)>>,
+    /// `(u, v)`, the smaller slot first → weight → multiplicity (nearly always one row, kept inline).
+    weights: HashMap<(u32, u32), Rows<u64>>,
     /// `(v, a)` → the component of `v`'s ego network holding `a` → multiplicity.
-    components: HashMap<(u32, u32), Vec<(u32, isize)>>,
-    /// What each edge emitted: `(cu, cv, weight)` with multiplicity, `cu` the component at the key's first end.
-    emitted: HashMap<(u32, u32), Vec<((u32, u32, u64), isize)>>,
+    components: HashMap<(u32, u32), Rows<u32>>,
 }
 
-fn bump<K: PartialEq>(rows: &mut Vec<(K, isize)>, k: K, d: isize) {
+/// Rows with multiplicities; one row lives inline, without an allocation of its own.
+type Rows<K> = smallvec::SmallVec<[(K, isize); 1]>;
+
+/// What one edge emits: `(cu, cv, weight)` with multiplicity, `cu` the component at the key's first end, sorted.
+type Emitted = Vec<((u32, u32, u64), isize)>;
+
+fn bump<K: PartialEq>(rows: &mut Rows<K>, k: K, d: isize) {
     match rows.iter().position(|(x, _)| *x == k) {
         Some(i) => {
             rows[i].1 += d;
@@ -51,14 +57,13 @@ impl Default for ReplicaEdges {
             min_sweep: 1024,
             weights: HashMap::default(),
             components: HashMap::default(),
-            emitted: HashMap::default(),
         }
     }
 }
 
 impl ReplicaEdges {
     pub fn is_empty(&self) -> bool {
-        self.weights.is_empty() && self.components.is_empty() && self.emitted.is_empty()
+        self.weights.is_empty() && self.components.is_empty()
     }
 
     fn slot(&mut self, name: &str) -> u32 {
@@ -68,12 +73,36 @@ impl ReplicaEdges {
         s
     }
 
+    /// What the edge `key` emits in the present state: the join of its weights with the components at both ends.
+    fn emitted(&self, key: (u32, u32)) -> Emitted {
+        let (u, v) = key;
+        let mut now = Vec::new();
+        if let (Some(ws), Some(cus), Some(cvs)) =
+            (self.weights.get(&key), self.components.get(&(u, v)), self.components.get(&(v, u)))
+        {
+            for &(w, dw) in ws {
+                for &(cu, du) in cus {
+                    for &(cv, dv) in cvs {
+                        now.push(((cu, cv, w), dw * du * dv));
+                    }
+                }
+            }
+        }
+        now.sort_unstable();
+        now
+    }
+
     /// Applies one epoch's changes; returns the changes of the directed replica edges (both directions of each).
     pub fn apply(&mut self, changes: Vec<(EdgeOrComponent, isize)>) -> Vec<(ReplicaEdge, isize)> {
-        let mut touched: HashSet<(u32, u32)> = HashSet::default();
+        // Each touched edge with what it emitted before the epoch.
+        let mut before: HashMap<(u32, u32), Emitted> = HashMap::default();
         for ((x, y, weight, component), d) in changes {
             let (x, y) = (self.slot(&x), self.slot(&y));
             let key = (x.min(y), x.max(y));
+            if !before.contains_key(&key) {
+                let rows = self.emitted(key);
+                before.insert(key, rows);
+            }
             match weight {
                 Some(w) => {
                     let rows = self.weights.entry(key).or_default();
@@ -91,26 +120,12 @@ impl ReplicaEdges {
                     }
                 }
             }
-            touched.insert(key);
         }
         let mut out = Vec::new();
-        for key in touched {
-            let (u, v) = key;
-            let mut now: Vec<((u32, u32, u64), isize)> = Vec::new();
-            if let (Some(ws), Some(cus), Some(cvs)) =
-                (self.weights.get(&key), self.components.get(&(u, v)), self.components.get(&(v, u)))
-            {
-                for &(w, dw) in ws {
-                    for &(cu, du) in cus {
-                        for &(cv, dv) in cvs {
-                            now.push(((cu, cv, w), dw * du * dv));
-                        }
-                    }
-                }
-            }
-            now.sort_unstable();
-            let before = self.emitted.remove(&key).unwrap_or_default();
+        for (key, before) in before {
+            let now = self.emitted(key);
             if before != now {
+                let (u, v) = key;
                 let name = |s: u32| self.slots.key(s).clone();
                 let rows = |&(cu, cv, w): &(u32, u32, u64)| {
                     let (ru, rv) = ((name(u), name(cu)), (name(v), name(cv)));
@@ -123,9 +138,6 @@ impl ReplicaEdges {
                     out.extend(rows(row).into_iter().map(|r| (r, *d)));
                 }
             }
-            if !now.is_empty() {
-                self.emitted.insert(key, now);
-            }
         }
         if self.added >= self.live_at_sweep.max(self.min_sweep) {
             self.sweep();
@@ -133,7 +145,7 @@ impl ReplicaEdges {
         out
     }
 
-    /// Releases the slots that no edge, component or emitted row names.
+    /// Releases the slots that no edge or component names.
     fn sweep(&mut self) {
         let mut named = vec![false; self.slots.capacity()];
         for &(u, v) in self.weights.keys() {
@@ -145,14 +157,6 @@ impl ReplicaEdges {
             named[a as usize] = true;
             for &(c, _) in cs {
                 named[c as usize] = true;
-            }
-        }
-        for (&(u, v), rows) in &self.emitted {
-            named[u as usize] = true;
-            named[v as usize] = true;
-            for &((cu, cv, _), _) in rows {
-                named[cu as usize] = true;
-                named[cv as usize] = true;
             }
         }
         for (s, named) in named.into_iter().enumerate() {

@@ -2,7 +2,7 @@
 //! so that per-slot state can live in plain vectors and the hot loops compare integers instead of strings.
 
 use std::borrow::Borrow;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 pub use crate::fasthash::{HashMap, HashSet};
 
@@ -15,14 +15,25 @@ pub fn bump(map: &mut HashMap<u32, isize>, k: u32, d: isize) {
     }
 }
 
-#[derive(Default)]
+/// Keys ↔ slots. Each key is stored once: the index holds slots only, hashed and compared through `keys`.
 pub struct Slots<K> {
-    index: HashMap<K, u32>,
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     keys: Vec<K>,
     free: Vec<u32>,
 }
 
+impl<K> Default for Slots<K> {
+    fn default() -> Self {
+        Slots { index: hashbrown::HashTable::new(), hasher: Default::default(), keys: Vec::new(), free: Vec::new() }
+    }
+}
+
 impl<K: Hash + Eq + Clone + Default> Slots<K> {
+    fn hash<Q: Hash + ?Sized>(&self, k: &Q) -> u64 {
+        self.hasher.hash_one(k)
+    }
+
     /// The slot of `k`, taking a released one or a new one; `true` when the slot is new, so that the caller grows
     /// its per-slot vectors (a reused slot's state is whatever the caller left at release).
     pub fn intern<Q>(&mut self, k: &Q) -> (u32, bool)
@@ -30,21 +41,23 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if let Some(s) = self.index.get(k) {
-            return (*s, false);
+        if let Some(s) = self.get(k) {
+            return (s, false);
         }
         let key = k.to_owned();
         let (s, new) = match self.free.pop() {
             Some(s) => {
-                self.keys[s as usize] = key.clone();
+                self.keys[s as usize] = key;
                 (s, false)
             }
             None => {
-                self.keys.push(key.clone());
+                self.keys.push(key);
                 ((self.keys.len() - 1) as u32, true)
             }
         };
-        self.index.insert(key, s);
+        let hash = self.hash(k);
+        let (keys, hasher) = (&self.keys, &self.hasher);
+        self.index.insert_unique(hash, s, |&x| hasher.hash_one(&keys[x as usize]));
         (s, new)
     }
 
@@ -54,7 +67,7 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.index.contains_key(k)
+        self.get(k).is_some()
     }
 
     /// The slot `k` holds now.
@@ -63,7 +76,7 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.index.get(k).copied()
+        self.index.find(self.hash(k), |&s| self.keys[s as usize].borrow() == k).copied()
     }
 
     /// The key of a slot (a released slot keeps its key until it is reused).
@@ -72,15 +85,16 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
     }
 
     pub fn release(&mut self, s: u32) {
-        if self.index.get(&self.keys[s as usize]) == Some(&s) {
-            self.index.remove(&self.keys[s as usize]);
+        let hash = self.hash(&self.keys[s as usize]);
+        if let Ok(entry) = self.index.find_entry(hash, |&x| x == s) {
+            entry.remove();
             self.free.push(s);
         }
     }
 
     /// Whether `s` holds a key now.
     pub fn holds(&self, s: u32) -> bool {
-        self.index.get(&self.keys[s as usize]) == Some(&s)
+        self.index.find(self.hash(&self.keys[s as usize]), |&x| x == s).is_some()
     }
 
     pub fn is_empty(&self) -> bool {
