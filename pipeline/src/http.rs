@@ -532,7 +532,7 @@ pub(crate) fn node_json(s: &Shared, space: &str, id: &str) -> Result<serde_json:
     let views = s.views();
     let view = space_view(&views, space)?;
     let mut neighbours: Vec<(String, u32)> =
-        view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.clone(), *w)).collect()).unwrap_or_default();
+        view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.to_string(), *w)).collect()).unwrap_or_default();
     neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let parents: Vec<&String> = view.parents.get(&id).map(|p| p.iter().collect()).unwrap_or_default();
     if let Some((n, _)) = view.nodes.get(&id) {

@@ -1,7 +1,8 @@
 //! Materialised, read-optimised views of the dataflow's output, per space, which the HTTP server reads while the
 //! dataflow runs. Each reflects a whole number of epochs: `as_of` is the last epoch fully applied.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use operators::model::ErrorRow;
 use operators::request::ModelRequest;
@@ -113,8 +114,11 @@ pub struct SpaceView {
     /// Layer-0 node → |its embedding + the embedding of the node just before it| (when it has one): relevance reads a
     /// node together with the one before it, and this keeps that from costing a second dot product per node and query.
     pub with_before: HashMap<String, f32>,
-    /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`).
-    pub adjacency: HashMap<String, BTreeMap<String, u32>>,
+    /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). A
+    /// neighbour's name is shared by every list that holds it ([`SpaceView::neighbour_names`]).
+    pub adjacency: HashMap<String, BTreeMap<Arc<str>, u32>>,
+    /// The names the adjacency lists hold, one allocation each.
+    neighbour_names: HashSet<Arc<str>>,
     /// Layer-0 edges.
     pub edges: usize,
     pub clusters: HashMap<String, ClusterView>,
@@ -223,24 +227,56 @@ impl SpaceView {
         }
     }
 
-    fn apply_edge(&mut self, e: Edge, d: isize) {
-        if d > 0 {
-            self.adjacency.entry(e.u.clone()).or_default().insert(e.v.clone(), e.weight_micro);
-            self.adjacency.entry(e.v.clone()).or_default().insert(e.u.clone(), e.weight_micro);
-            self.edges += 1;
-        } else {
-            let mut removed = false;
-            for (a, b) in [(&e.u, &e.v), (&e.v, &e.u)] {
-                if let Some(m) = self.adjacency.get_mut(a) {
-                    if m.get(b) == Some(&e.weight_micro) {
-                        m.remove(b);
-                        removed = true;
-                    }
-                    if m.is_empty() {
-                        self.adjacency.remove(a);
-                    }
+    /// Adds `b` to `a`'s adjacency with weight `w` (replacing its weight there).
+    fn link(&mut self, a: &str, b: &str, w: u32) {
+        let name = match self.neighbour_names.get(b) {
+            Some(n) => n.clone(),
+            None => {
+                let n: Arc<str> = b.into();
+                self.neighbour_names.insert(n.clone());
+                n
+            }
+        };
+        match self.adjacency.get_mut(a) {
+            Some(m) => {
+                m.insert(name, w);
+            }
+            None => {
+                self.adjacency.insert(a.to_string(), BTreeMap::from([(name, w)]));
+            }
+        }
+    }
+
+    /// Removes `b` from `a`'s adjacency if it is there with weight `w`; whether it was.
+    fn unlink(&mut self, a: &str, b: &str, w: u32) -> bool {
+        let Some(m) = self.adjacency.get_mut(a) else { return false };
+        let mut removed = false;
+        if m.get(b) == Some(&w) {
+            if let Some((n, _)) = m.remove_entry(b) {
+                // The name set's reference and this one: no list holds it any more.
+                if Arc::strong_count(&n) <= 2 {
+                    self.neighbour_names.remove(b);
                 }
             }
+            removed = true;
+        }
+        if m.is_empty() {
+            self.adjacency.remove(a);
+        }
+        // A copy of the view may have held a name while its last list let go of it: sweep those now and then.
+        if self.neighbour_names.len() > 2 * self.adjacency.len() + 1024 {
+            self.neighbour_names.retain(|n| Arc::strong_count(n) > 1);
+        }
+        removed
+    }
+
+    fn apply_edge(&mut self, e: Edge, d: isize) {
+        if d > 0 {
+            self.link(&e.u, &e.v, e.weight_micro);
+            self.link(&e.v, &e.u, e.weight_micro);
+            self.edges += 1;
+        } else {
+            let removed = self.unlink(&e.u, &e.v, e.weight_micro) | self.unlink(&e.v, &e.u, e.weight_micro);
             if removed {
                 self.edges -= 1;
             }
@@ -273,14 +309,9 @@ impl SpaceView {
         let w = w.min(u64::from(u32::MAX)) as u32;
         for (a, b) in [(&u, &v), (&v, &u)] {
             if d > 0 {
-                self.adjacency.entry(a.clone()).or_default().insert(b.clone(), w);
-            } else if let Some(m) = self.adjacency.get_mut(a) {
-                if m.get(b) == Some(&w) {
-                    m.remove(b);
-                }
-                if m.is_empty() {
-                    self.adjacency.remove(a);
-                }
+                self.link(a, b, w);
+            } else {
+                self.unlink(a, b, w);
             }
         }
     }
@@ -478,13 +509,13 @@ impl Views {
                 updates.push(ViewUpdate::Node(s(), node.clone(), emb.clone()));
             }
             for (a, links) in &v.adjacency {
-                for (b, w) in links.range::<String, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)) {
-                    if v.nodes.contains_key(a) && v.nodes.contains_key(b) {
-                        let (u, v) = (a.clone(), b.clone());
+                for (b, w) in links.range::<str, _>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded)) {
+                    if v.nodes.contains_key(a) && v.nodes.contains_key(&**b) {
+                        let (u, v) = (a.clone(), b.to_string());
                         updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));
                     } else {
                         let layer = v.clusters.get(a).map_or(0, |c| c.layer);
-                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.clone(), b.clone(), u64::from(*w)));
+                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.clone(), b.to_string(), u64::from(*w)));
                     }
                 }
             }

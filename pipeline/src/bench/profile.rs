@@ -12,6 +12,8 @@ struct ProfileState {
     names: std::collections::HashMap<usize, String>,
     started: std::collections::HashMap<usize, Duration>,
     busy: std::collections::HashMap<usize, Duration>,
+    /// Updates each arrangement holds (batches added, merged and dropped, from differential's log).
+    held: std::collections::HashMap<usize, isize>,
 }
 
 pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorProfile {
@@ -40,6 +42,27 @@ pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorP
             }
         }
     });
+    use differential_dataflow::logging::{DifferentialEvent, DifferentialEventBuilder};
+    let st = state.clone();
+    worker.log_register().expect("log register").insert::<DifferentialEventBuilder, _>(
+        "differential/arrange",
+        move |_time, data| {
+            let Some(data) = data else { return };
+            let mut st = st.borrow_mut();
+            for (_, e) in data.iter() {
+                let (op, d) = match e {
+                    DifferentialEvent::Batch(b) => (b.operator, b.length as isize),
+                    DifferentialEvent::Merge(m) => match m.complete {
+                        Some(n) => (m.operator, n as isize - (m.length1 + m.length2) as isize),
+                        None => continue,
+                    },
+                    DifferentialEvent::Drop(d) => (d.operator, -(d.length as isize)),
+                    _ => continue,
+                };
+                *st.held.entry(op).or_default() += d;
+            }
+        },
+    );
     OperatorProfile { state }
 }
 
@@ -87,6 +110,16 @@ impl OperatorProfile {
         by_name.sort_by_key(|b| std::cmp::Reverse(b.1 .0));
         for (name, (d, n)) in by_name.iter().take(15) {
             eprintln!("  {:>8.3}s  {n:>5} × {name}", d.as_secs_f64());
+        }
+        // What the arrangements hold now (not reset): updates per arrangement, the largest first.
+        let mut held: Vec<(usize, isize)> = st.held.iter().map(|(k, v)| (*k, *v)).filter(|h| h.1 > 0).collect();
+        held.sort_by_key(|h| std::cmp::Reverse(h.1));
+        let total: isize = held.iter().map(|h| h.1).sum();
+        eprintln!("  arrangements hold {total} updates in {} arrangements; the largest:", held.len());
+        let egos: Vec<usize> = st.names.iter().filter(|(_, n)| n.starts_with("EgoNetworks")).map(|(i, _)| *i).collect();
+        for (id, n) in held.iter().take(20) {
+            let stretch = egos.iter().filter(|e| **e < *id).count();
+            eprintln!("  {n:>10}  {:>4}  stretch {stretch}  {}", id, st.names.get(id).map_or("?", String::as_str));
         }
     }
 }

@@ -125,7 +125,7 @@ fn prune_rounds<'v>(
         let mut grown = kept.clone();
         for id in &kept {
             if let Some(nbrs) = view.adjacency.get(*id) {
-                grown.extend(nbrs.keys().map(String::as_str));
+                grown.extend(nbrs.keys().map(|k| &**k));
             }
             if let Some(c) = view.clusters.get(*id) {
                 grown.extend(c.members.iter().map(String::as_str));
