@@ -509,7 +509,8 @@ impl Views {
                 updates.push(ViewUpdate::Node(s(), node.clone(), emb.clone()));
             }
             for (a, links) in &v.adjacency {
-                for (b, w) in links.range::<str, _>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded)) {
+                for (b, w) in links.range::<str, _>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded))
+                {
                     if v.nodes.contains_key(a) && v.nodes.contains_key(&**b) {
                         let (u, v) = (a.clone(), b.to_string());
                         updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));

@@ -111,6 +111,11 @@ fn run_dataflow(
                 worker.step_while(|| probe.less_than(&(epoch as u64).saturating_sub(1)));
             }
         }
+        if let Some(p) = &profiler {
+            let last = (deltas.len().div_ceil(batch.max(1))) as u64;
+            worker.step_while(|| probe.less_than(&last));
+            p.arrangements();
+        }
         drop(input);
         drop(logged);
         while worker.step() {}

@@ -111,7 +111,12 @@ impl OperatorProfile {
         for (name, (d, n)) in by_name.iter().take(15) {
             eprintln!("  {:>8.3}s  {n:>5} × {name}", d.as_secs_f64());
         }
-        // What the arrangements hold now (not reset): updates per arrangement, the largest first.
+    }
+
+    /// Prints the updates each arrangement holds now, the largest first (call it while the dataflow is alive: a
+    /// finished dataflow has dropped its traces).
+    pub(super) fn arrangements(&self) {
+        let st = self.state.borrow();
         let mut held: Vec<(usize, isize)> = st.held.iter().map(|(k, v)| (*k, *v)).filter(|h| h.1 > 0).collect();
         held.sort_by_key(|h| std::cmp::Reverse(h.1));
         let total: isize = held.iter().map(|h| h.1).sum();
