@@ -99,9 +99,8 @@ impl ReplicaEdges {
         for ((x, y, weight, component), d) in changes {
             let (x, y) = (self.slot(&x), self.slot(&y));
             let key = (x.min(y), x.max(y));
-            if !before.contains_key(&key) {
-                let rows = self.emitted(key);
-                before.insert(key, rows);
+            if let std::collections::hash_map::Entry::Vacant(e) = before.entry(key) {
+                e.insert(self.emitted(key));
             }
             match weight {
                 Some(w) => {
