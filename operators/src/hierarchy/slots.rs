@@ -41,8 +41,9 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if let Some(s) = self.get(k) {
-            return (s, false);
+        let hash = self.hash(k);
+        if let Some(s) = self.index.find(hash, |&s| self.keys[s as usize].borrow() == k) {
+            return (*s, false);
         }
         let key = k.to_owned();
         let (s, new) = match self.free.pop() {
@@ -55,7 +56,6 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
                 ((self.keys.len() - 1) as u32, true)
             }
         };
-        let hash = self.hash(k);
         let (keys, hasher) = (&self.keys, &self.hasher);
         self.index.insert_unique(hash, s, |&x| hasher.hash_one(&keys[x as usize]));
         (s, new)
