@@ -14,7 +14,7 @@ use timely::progress::Timestamp;
 use crate::dataflow::per_space_in_time_order;
 
 use super::ego::Ego;
-use super::links::Links;
+use super::links::{Layer, LayerInput, LayerOutput};
 use super::lpa::Lpa;
 use super::replica_edges::ReplicaEdges;
 use super::{cluster_ids, label_parts, HierarchyParams, Replica};
@@ -43,22 +43,13 @@ where
     let mut layers = Vec::new();
     let (mut nodes, mut edges) = (nodes, edges);
     for layer in 1..=params.max_layers as u32 {
-        let clusters = cluster_layer(layer, nodes.clone(), edges.clone(), params);
-        let (next_nodes, next_edges) = next_layer(edges.clone(), clusters.clone(), params.max_degree);
-        // CAM's stop rule, per space: a layer that does not shrink (by `min-shrink`) ends the hierarchy.
-        let below = nodes.map(|(s, _)| s).count();
-        let above = next_nodes.clone().map(|(s, _)| s).count();
-        let p = params.clone();
-        let shrinks = below
-            .join_map(above, move |s, b, a| (s.clone(), p.keeps(*b as usize, *a as usize)))
-            .filter(|(_, ok)| *ok)
-            .map(|(s, _)| s);
-        let clusters =
-            clusters.map(|((s, c), m)| (s, (c, m))).semijoin(shrinks.clone()).map(move |(s, (c, m))| (s, layer, c, m));
-        nodes = next_nodes.map(|(s, c)| (s, c)).semijoin(shrinks.clone()).map(|(s, c)| (s, c));
-        edges = next_edges.map(|(s, u, v, w)| (s, (u, v, w))).semijoin(shrinks).map(|(s, (u, v, w))| (s, u, v, w));
-        layers.push(clusters.clone().map(|(s, _, c, m)| (s, c, m)));
-        all_clusters.push(clusters);
+        let below = nodes.clone().map(|(s, _)| s).count();
+        let clusters = cluster_layer(layer, nodes, edges.clone(), params);
+        let (members, next_nodes, next_edges) = next_layer(edges, clusters, below, params);
+        nodes = next_nodes;
+        edges = next_edges;
+        layers.push(members.clone());
+        all_clusters.push(members.map(move |(s, c, m)| (s, layer, c, m)));
         all_edges.push(edges.clone().map(move |(s, u, v, w)| (s, layer, u, v, w)));
     }
     let scope = nodes.scope();
@@ -228,33 +219,53 @@ enum Rule {
     Link(usize),
 }
 
-/// Layer L+1: its nodes (the clusters) and its edges (shared members, and layer-L edges between members), each
-/// cluster keeping its `max_degree` strongest ([`super::strongest`]); a stateful operator per space ([`Links`]).
+/// The clusters of layer L, and layer L+1: its nodes (the clusters) and its edges (shared members, and layer-L edges
+/// between members), each cluster keeping its `max_degree` strongest ([`super::strongest`]). All three only while
+/// the layer shrinks (CAM's stop rule, per space: a layer that does not shrink by `min-shrink` ends the hierarchy).
+/// A stateful operator per space ([`Layer`]) that applies the rule to the rows it holds; `below` is the number of
+/// the layer's nodes.
+#[allow(clippy::type_complexity)]
 fn next_layer<'s, T>(
     edges: Edges<'s, T>,
     clusters: VecCollection<'s, T, ((String, String), String)>,
-    max_degree: usize,
-) -> (Nodes<'s, T>, Edges<'s, T>)
+    below: VecCollection<'s, T, (String, isize)>,
+    params: &HierarchyParams,
+) -> (VecCollection<'s, T, (String, String, String)>, Nodes<'s, T>, Edges<'s, T>)
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    let nodes = clusters.clone().map(|(k, _)| k).distinct();
-    let rows = edges.map(|(s, u, v, _)| (s, false, u, v)).concat(clusters.map(|((s, c), m)| (s, true, c, m)));
-    let mut spaces: HashMap<String, Links> = HashMap::new();
-    let edges = per_space_in_time_order(
+    let rows = edges
+        .map(|(s, u, v, _)| (s, LayerInput::Edge(u, v)))
+        .concat(clusters.map(|((s, c), m)| (s, LayerInput::Member(c, m))))
+        .concat(below.map(|(s, n)| (s, LayerInput::Below(n as u64))));
+    let mut spaces: HashMap<String, Layer> = HashMap::new();
+    let params = params.clone();
+    let out = per_space_in_time_order(
         rows,
         "LayerLinks",
-        |(s, _, _, _)| s,
+        |(s, _)| s,
         move |space, rows| {
-            let links = spaces.entry(space.to_string()).or_insert_with(|| Links::new(max_degree));
-            let changes = links.apply(rows.into_iter().map(|((_, m, x, y), d)| ((m, x, y), d)).collect());
-            if links.is_empty() {
+            let layer = spaces.entry(space.to_string()).or_insert_with(|| Layer::new(&params));
+            let changes = layer.apply(rows.into_iter().map(|((_, row), d)| (row, d)).collect());
+            if layer.is_empty() {
                 spaces.remove(space);
             }
-            changes.into_iter().map(|((a, b, w), d)| ((space.to_string(), a, b, w), d)).collect()
+            changes.into_iter().map(|(row, d)| ((space.to_string(), row), d)).collect()
         },
     );
-    (nodes, edges)
+    let clusters = out.clone().flat_map(|(s, row)| match row {
+        LayerOutput::Member(c, m) => Some((s, c, m)),
+        _ => None,
+    });
+    let nodes = out.clone().flat_map(|(s, row)| match row {
+        LayerOutput::Node(c) => Some((s, c)),
+        _ => None,
+    });
+    let edges = out.flat_map(|(s, row)| match row {
+        LayerOutput::Edge(a, b, w) => Some((s, a, b, w)),
+        _ => None,
+    });
+    (clusters, nodes, edges)
 }
 
 /// A cluster's summary, or the request for one: `(space, layer, cluster, content hash, [(member, member text)])`.

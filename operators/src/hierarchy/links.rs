@@ -11,8 +11,10 @@
 
 use std::collections::BTreeSet;
 
+use serde::{Deserialize, Serialize};
+
 use super::slots::{bump, HashMap, HashSet, Slots};
-use super::{link_weight, strongest};
+use super::{link_weight, strongest, HierarchyParams};
 
 /// One space's layer-above graph.
 #[derive(Default)]
@@ -177,6 +179,32 @@ impl Links {
         out
     }
 
+    /// Whether cluster `c` has a member now.
+    fn is_live(&self, c: &str) -> bool {
+        self.clusters.get(c).is_some_and(|s| !self.has[s as usize].is_empty())
+    }
+
+    /// Every membership `(cluster, member)` with its multiplicity, every cluster with a member, and every edge now
+    /// emitted.
+    fn state(&self) -> Vec<(LayerOutput, isize)> {
+        let mut out = Vec::new();
+        for c in (0..self.clusters.capacity() as u32).filter(|&c| self.clusters.holds(c)) {
+            let has = &self.has[c as usize];
+            if has.is_empty() {
+                continue;
+            }
+            let name = self.clusters.key(c);
+            out.push((LayerOutput::Node(name.clone()), 1));
+            for (&m, &d) in has {
+                out.push((LayerOutput::Member(name.clone(), self.nodes.key(m).clone()), d));
+            }
+        }
+        for (&(a, b), &w) in &self.emitted {
+            out.push((LayerOutput::Edge(self.clusters.key(a).clone(), self.clusters.key(b).clone(), w), 1));
+        }
+        out
+    }
+
     /// A pair of cluster slots, the smaller id first.
     fn ordered(&self, a: u32, b: u32) -> (u32, u32) {
         if self.clusters.key(a) < self.clusters.key(b) {
@@ -184,6 +212,105 @@ impl Links {
         } else {
             (b, a)
         }
+    }
+}
+
+/// An input row of one layer's [`Layer`]: an edge of the layer, a membership of its clusters, or the number of the
+/// layer's nodes (differential's `count`, so a change is a retraction and an insert).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LayerInput {
+    Edge(String, String),
+    Member(String, String),
+    Below(u64),
+}
+
+/// What [`Layer`] emits while its layer shrinks enough: the clusters' memberships, the clusters as the nodes of the
+/// layer above, and the layer above's edges.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LayerOutput {
+    Member(String, String),
+    Node(String),
+    Edge(String, String, u64),
+}
+
+/// [`Links`] behind CAM's stop rule, for one space: the layer's clusters, the nodes and the edges of the layer above
+/// are emitted only while the clusters are few enough against the layer's nodes ([`HierarchyParams::keeps`]). The
+/// rule is applied where the rows are already held: when it flips, the whole state is emitted or retracted from
+/// `Links`' own state, so no arrangement keeps a copy of the layer to gate it.
+pub struct Layer {
+    links: Links,
+    params: HierarchyParams,
+    /// The count rows of the layer's nodes, by value (one is live between epochs).
+    below: HashMap<u64, isize>,
+    /// Clusters with a member.
+    live: usize,
+    open: bool,
+}
+
+impl Layer {
+    pub fn new(params: &HierarchyParams) -> Self {
+        Layer { links: Links::new(params.max_degree), params: params.clone(), below: HashMap::default(), live: 0, open: false }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty() && self.below.is_empty()
+    }
+
+    /// Applies one epoch's changes; returns the changes of what the layer emits, consolidated.
+    pub fn apply(&mut self, changes: Vec<(LayerInput, isize)>) -> Vec<(LayerOutput, isize)> {
+        let mut rows = Vec::with_capacity(changes.len());
+        let mut members: HashMap<LayerOutput, isize> = HashMap::default();
+        let mut named: BTreeSet<String> = BTreeSet::new();
+        for (row, d) in changes {
+            match row {
+                LayerInput::Below(n) => bump_value(&mut self.below, n, d),
+                LayerInput::Edge(u, v) => rows.push(((false, u, v), d)),
+                LayerInput::Member(c, m) => {
+                    *members.entry(LayerOutput::Member(c.clone(), m.clone())).or_default() += d;
+                    if !named.contains(&c) {
+                        named.insert(c.clone());
+                    }
+                    rows.push(((true, c, m), d));
+                }
+            }
+        }
+        let was_live: Vec<bool> = named.iter().map(|c| self.links.is_live(c)).collect();
+        let edges = self.links.apply(rows);
+        let mut delta = members;
+        for (c, was) in named.into_iter().zip(was_live) {
+            let now = self.links.is_live(&c);
+            if now != was {
+                let d = if now { 1 } else { -1 };
+                self.live = self.live.checked_add_signed(d).expect("live clusters stay counted");
+                *delta.entry(LayerOutput::Node(c)).or_default() += d;
+            }
+        }
+        for ((a, b, w), d) in edges {
+            *delta.entry(LayerOutput::Edge(a, b, w)).or_default() += d;
+        }
+        let below = self.below.iter().find(|(_, d)| **d > 0).map(|(n, _)| *n as usize);
+        let open = below.is_some_and(|b| self.live > 0 && self.params.keeps(b, self.live));
+        let was_open = std::mem::replace(&mut self.open, open);
+        match (was_open, open) {
+            (false, false) => Vec::new(),
+            (true, true) => delta.into_iter().filter(|(_, d)| *d != 0).collect(),
+            // Opened: everything now. Closed: everything before, which is now less this epoch's change.
+            (false, true) => self.links.state(),
+            (true, false) => {
+                for (row, d) in self.links.state() {
+                    *delta.entry(row).or_default() -= d;
+                }
+                delta.into_iter().filter(|(_, d)| *d != 0).collect()
+            }
+        }
+    }
+}
+
+fn bump_value(map: &mut HashMap<u64, isize>, k: u64, d: isize) {
+    let n = map.entry(k).or_default();
+    *n += d;
+    if *n == 0 {
+        map.remove(&k);
     }
 }
 
@@ -256,6 +383,84 @@ mod tests {
             if members.is_empty() && edges.is_empty() {
                 assert!(links.is_empty());
             }
+        }
+    }
+
+    /// [`Layer`] against the rule it applies: seeded random edges, memberships and node counts (the count crossing
+    /// the stop rule's bar both ways); after every batch what it emitted equals the memberships, the clusters and
+    /// [`next_layer`]'s edges when the layer shrinks enough, and nothing when it does not.
+    #[test]
+    fn a_layer_emits_only_while_it_shrinks() {
+        for seed in 0..16 {
+            let mut rng = StdRng::seed_from_u64(100 + seed);
+            let params = HierarchyParams { max_degree: [1, 3, 1000][seed as usize % 3], ..HierarchyParams::default() };
+            let mut layer = Layer::new(&params);
+            let mut edges: BTreeSet<(String, String)> = BTreeSet::new();
+            let mut members: BTreeSet<(String, String)> = BTreeSet::new();
+            let mut below: Option<u64> = None;
+            let mut emitted: BTreeMap<LayerOutput, isize> = BTreeMap::new();
+            let mut flips = 0;
+            let mut was_open = false;
+            for _ in 0..60 {
+                let mut batch = Vec::new();
+                for _ in 0..rng.gen_range(1..8) {
+                    let (a, b) = (rng.gen_range(0..20), rng.gen_range(0..20));
+                    if rng.gen_bool(0.4) && a != b {
+                        let e = (format!("n{:02}", a.min(b)), format!("n{:02}", a.max(b)));
+                        let d = if edges.remove(&e) { -1 } else { 1 };
+                        if d > 0 {
+                            edges.insert(e.clone());
+                        }
+                        batch.push((LayerInput::Edge(e.0, e.1), d));
+                    } else {
+                        let mc = (format!("L1:c{}", rng.gen_range(0..8)), format!("n{a:02}"));
+                        let d = if members.remove(&mc) { -1 } else { 1 };
+                        if d > 0 {
+                            members.insert(mc.clone());
+                        }
+                        batch.push((LayerInput::Member(mc.0, mc.1), d));
+                    }
+                }
+                if rng.gen_bool(0.4) {
+                    if let Some(n) = below.take() {
+                        batch.push((LayerInput::Below(n), -1));
+                    }
+                    if rng.gen_bool(0.9) {
+                        let n = rng.gen_range(1..14);
+                        below = Some(n);
+                        batch.push((LayerInput::Below(n), 1));
+                    }
+                }
+                for (row, d) in layer.apply(batch) {
+                    let n = emitted.entry(row).or_default();
+                    *n += d;
+                    if *n == 0 {
+                        emitted.retain(|_, n| *n != 0);
+                    }
+                }
+                let mut clusters: Clusters = BTreeMap::new();
+                for (c, m) in &members {
+                    clusters.entry(c.clone()).or_default().insert(m.clone());
+                }
+                let open = below.is_some_and(|b| !clusters.is_empty() && params.keeps(b as usize, clusters.len()));
+                flips += usize::from(open != was_open);
+                was_open = open;
+                let mut want: BTreeMap<LayerOutput, isize> = BTreeMap::new();
+                if open {
+                    let g = Graph { nodes: BTreeSet::new(), edges: edges.iter().map(|e| (e.clone(), 1)).collect() };
+                    for ((a, b), w) in next_layer(&g, &clusters, params.max_degree).edges {
+                        want.insert(LayerOutput::Edge(a, b, w), 1);
+                    }
+                    for (c, ms) in &clusters {
+                        want.insert(LayerOutput::Node(c.clone()), 1);
+                        for m in ms {
+                            want.insert(LayerOutput::Member(c.clone(), m.clone()), 1);
+                        }
+                    }
+                }
+                assert_eq!(emitted, want, "seed {seed}");
+            }
+            assert!(flips >= 2, "seed {seed}: the rule flipped {flips} times");
         }
     }
 }

@@ -14,6 +14,9 @@ struct ProfileState {
     busy: std::collections::HashMap<usize, Duration>,
     /// Updates each arrangement holds (batches added, merged and dropped, from differential's log).
     held: std::collections::HashMap<usize, isize>,
+    /// Operator id by address, and `(scope, target index) → source index` for every channel: what feeds an operator.
+    ids: std::collections::HashMap<Vec<usize>, usize>,
+    feeds: std::collections::HashMap<(Vec<usize>, usize), Vec<usize>>,
 }
 
 pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorProfile {
@@ -27,6 +30,10 @@ pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorP
             match e {
                 TimelyEvent::Operates(o) => {
                     st.names.insert(o.id, format!("{}{:?}", o.name, o.addr));
+                    st.ids.insert(o.addr.clone(), o.id);
+                }
+                TimelyEvent::Channels(c) => {
+                    st.feeds.entry((c.scope_addr.clone(), c.target.0)).or_default().push(c.source.0);
                 }
                 TimelyEvent::Schedule(s) => match s.start_stop {
                     StartStop::Start => {
@@ -64,6 +71,27 @@ pub(super) fn operator_profile(worker: &mut timely::worker::Worker) -> OperatorP
         },
     );
     OperatorProfile { state }
+}
+
+impl ProfileState {
+    /// The names of the operators that feed `id`, `depth` steps up its first input: where an arrangement's rows
+    /// come from.
+    fn upstream(&self, id: usize, depth: usize) -> String {
+        let addr = self.ids.iter().find(|(_, i)| **i == id).map(|(a, _)| a.clone());
+        let mut chain = Vec::new();
+        let mut at = addr;
+        for _ in 0..depth {
+            let Some(a) = at.take() else { break };
+            let Some((&index, scope)) = a.split_last() else { break };
+            let Some(&source) = self.feeds.get(&(scope.to_vec(), index)).and_then(|s| s.first()) else { break };
+            let mut up = scope.to_vec();
+            up.push(source);
+            let Some(name) = self.ids.get(&up).and_then(|i| self.names.get(i)) else { break };
+            chain.push(name.split('[').next().unwrap_or("?").to_string());
+            at = Some(up);
+        }
+        chain.join(" ← ")
+    }
 }
 
 impl OperatorProfile {
@@ -124,7 +152,12 @@ impl OperatorProfile {
         let egos: Vec<usize> = st.names.iter().filter(|(_, n)| n.starts_with("EgoNetworks")).map(|(i, _)| *i).collect();
         for (id, n) in held.iter().take(20) {
             let stretch = egos.iter().filter(|e| **e < *id).count();
-            eprintln!("  {n:>10}  {:>4}  stretch {stretch}  {}", id, st.names.get(id).map_or("?", String::as_str));
+            eprintln!(
+                "  {n:>10}  {:>4}  stretch {stretch}  {}  ← {}",
+                id,
+                st.names.get(id).map_or("?", String::as_str),
+                st.upstream(*id, 4)
+            );
         }
     }
 }
