@@ -145,6 +145,17 @@ impl hnsw_rs::prelude::Distance<f32> for UnitCosine {
     }
 }
 
+/// The same distance over shared embeddings: an index of `Embedding` points holds one `Arc` per point (the slice of
+/// one), not a copy of its vector, and scores bit for bit as the index of `f32` points does.
+impl hnsw_rs::prelude::Distance<Embedding> for UnitCosine {
+    fn eval(&self, a: &[Embedding], b: &[Embedding]) -> f32 {
+        match (a, b) {
+            ([a], [b]) => (1.0 - dot(&a.0, &b.0)).max(0.0),
+            _ => 1.0,
+        }
+    }
+}
+
 /// The cosine of two unit vectors as the similarity graph scores it: `1 −` the HNSW index's distance, bit for bit,
 /// so that a search hit's distance gives the same score as a computation from the vectors.
 pub fn unit_cos(a: &[f32], b: &[f32]) -> f32 {

@@ -19,8 +19,10 @@
 //!
 //! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every class with `cos ≥ θ/α` or above the
 //! bar the lists set — grown until the last hit falls below the bound (an insert's reverse range is cut at
-//! `max_reverse_classes`, nearest first), plus every node of the same document inside the positional window. hnsw_rs cannot delete: emptied classes are tombstoned, filtered out of searches, and the
-//! index is rebuilt when tombstones outnumber the living.
+//! `max_reverse_classes`, nearest first), plus every node of the same document inside the positional window. The
+//! index's points are the classes' shared embeddings (an `Arc` each, not a copy of the vector). hnsw_rs cannot
+//! delete: emptied classes are tombstoned, filtered out of searches, and the index is rebuilt when tombstones
+//! outnumber the living.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,7 +201,7 @@ fn vector_hash(e: &Embedding) -> u64 {
 /// lists.
 pub struct SimilarityIndex {
     params: SimilarityParams,
-    hnsw: Hnsw<'static, f32, UnitCosine>,
+    hnsw: Hnsw<'static, Embedding, UnitCosine>,
     /// HNSW data id → its class; `None` once emptied.
     classes: Vec<Option<Class>>,
     /// [`vector_hash`] → the live classes with that hash.
@@ -265,7 +267,7 @@ impl SimilarityIndex {
         }
     }
 
-    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, f32, UnitCosine> {
+    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, Embedding, UnitCosine> {
         Hnsw::new(params.max_connections, hint.max(1024), 16, params.ef_construction, UnitCosine)
     }
 
@@ -451,7 +453,7 @@ impl SimilarityIndex {
             return c;
         }
         let slot = self.classes.len();
-        self.hnsw.insert_slice((&emb.0, slot));
+        self.hnsw.insert_slice((std::slice::from_ref(&emb), slot));
         self.classes.push(Some(Class { emb, members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
         self.by_vector.entry(h).or_default().push(slot);
         slot
@@ -619,7 +621,7 @@ impl SimilarityIndex {
             let ef = want.max(self.params.ef_search);
             // Tombstones (emptied classes) stay in the graph as waypoints; the hits drop them here, and the walk grows
             // while the live hits fall short (hnsw_rs's filtered search walked much more of the graph).
-            let hits = self.hnsw.search(&q.0, want, ef);
+            let hits = self.hnsw.search(std::slice::from_ref(q), want, ef);
             // A short answer is the end of the index; else the worst hit falling out of range ends the search.
             let exhausted = want >= self.classes.len() || hits.len() < want;
             let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
@@ -643,7 +645,7 @@ impl SimilarityIndex {
         self.tombstones = 0;
         for class in live {
             let slot = self.classes.len();
-            self.hnsw.insert_slice((&class.emb.0, slot));
+            self.hnsw.insert_slice((std::slice::from_ref(&class.emb), slot));
             self.by_vector.entry(vector_hash(&class.emb)).or_default().push(slot);
             for m in &class.members {
                 self.entries.get_mut(m).expect("a member is live").class = Some(slot);

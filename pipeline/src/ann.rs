@@ -61,7 +61,7 @@ impl std::ops::DerefMut for AnnSlot {
 }
 
 pub struct NodeAnn {
-    hnsw: Hnsw<'static, f32, UnitCosine>,
+    hnsw: Hnsw<'static, Embedding, UnitCosine>,
     /// Slot → node id; `None` once the node left or was replaced (a tombstone).
     slots: Vec<Option<String>>,
     /// Live node → its slot.
@@ -107,7 +107,7 @@ impl NodeAnn {
             return;
         }
         let slot = self.slots.len();
-        self.hnsw.insert_slice((&emb.0, slot));
+        self.hnsw.insert_slice((std::slice::from_ref(emb), slot));
         self.slots.push(Some(id.to_string()));
         self.live.insert(id.to_string(), slot);
     }
@@ -139,9 +139,9 @@ impl NodeAnn {
         let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
         // hnsw_rs filters after cutting to `k`: with tombstones, ask for more and cut here.
         let hits = if tombstones {
-            self.hnsw.search_filter(&q.0, k, ef, Some(&filter))
+            self.hnsw.search_filter(std::slice::from_ref(q), k, ef, Some(&filter))
         } else {
-            self.hnsw.search(&q.0, k, ef)
+            self.hnsw.search(std::slice::from_ref(q), k, ef)
         };
         let mut out: Vec<(f32, &str)> =
             hits.into_iter().filter_map(|h| Some((1.0 - h.distance, self.slots.get(h.d_id)?.as_deref()?))).collect();
