@@ -249,7 +249,13 @@ pub struct Layer {
 
 impl Layer {
     pub fn new(params: &HierarchyParams) -> Self {
-        Layer { links: Links::new(params.max_degree), params: params.clone(), below: HashMap::default(), live: 0, open: false }
+        Layer {
+            links: Links::new(params.max_degree),
+            params: params.clone(),
+            below: HashMap::default(),
+            live: 0,
+            open: false,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
