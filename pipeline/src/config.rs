@@ -268,6 +268,14 @@ pub struct QueryConfig {
     pub max_query_chars: usize,
     /// How many distinct topics among the top events seed `compass` with their other members.
     pub compass_topics: usize,
+    /// `compass` in a long session (a meeting, a long document): the events next to an explored event, up to
+    /// `compass-span-hops` either way, are read at `compass-span-decay` per hop, and every explored event's turns at
+    /// `compass-span-lift` of its score. A session of fewer than `compass-span-min-session` turns is read as it is
+    /// (0 hops: off everywhere).
+    pub compass_span_hops: usize,
+    pub compass_span_decay: f32,
+    pub compass_span_lift: f32,
+    pub compass_span_min_session: usize,
     /// Largest `k` a query may ask for.
     pub max_k: usize,
     /// Largest `budget_words` a query may ask for.
@@ -286,6 +294,17 @@ pub struct QueryConfig {
 }
 
 impl QueryConfig {
+    /// `compass`'s parameters.
+    pub fn compass(&self) -> crate::query::CompassParams {
+        crate::query::CompassParams {
+            topics: self.compass_topics,
+            span_hops: self.compass_span_hops,
+            span_decay: self.compass_span_decay,
+            span_lift: self.compass_span_lift,
+            span_min_session: self.compass_span_min_session,
+        }
+    }
+
     /// The views' index parameters.
     pub fn ann(&self) -> crate::ann::AnnParams {
         crate::ann::AnnParams {
@@ -564,6 +583,15 @@ impl Config {
         if !(1..=1000).contains(&q.max_subgoals) {
             errs.push(format!("query.max-subgoals = {} must be in 1..=1000", q.max_subgoals));
         }
+        if q.compass_span_hops > 1000 {
+            errs.push(format!("query.compass-span-hops = {} must be in 0..=1000", q.compass_span_hops));
+        }
+        if !(q.compass_span_decay > 0.0 && q.compass_span_decay <= 1.0) {
+            errs.push(format!("query.compass-span-decay = {} must be in (0, 1]", q.compass_span_decay));
+        }
+        if !(0.0..=1.0).contains(&q.compass_span_lift) {
+            errs.push(format!("query.compass-span-lift = {} must be in [0, 1]", q.compass_span_lift));
+        }
         errs
     }
 
@@ -626,7 +654,8 @@ mod tests {
                 "max-connections = 0\n",
                 "[ingest]\nmax-records-per-request = 0\nmax-reason-chars = 3\nmax-queue-bytes = 10\n",
                 "max-epochs-in-flight = 0\n",
-                "[query]\nmax-query-chars = 0\nmax-k = 0\nmax-budget-words = 0\nmax-subgoals = 0\n"
+                "[query]\nmax-query-chars = 0\nmax-k = 0\nmax-budget-words = 0\nmax-subgoals = 0\n",
+                "compass-span-hops = 1001\ncompass-span-decay = 0.0\ncompass-span-lift = 1.5\n"
             )),
             &[],
         )
@@ -645,6 +674,9 @@ mod tests {
             "query.max-k",
             "query.max-budget-words",
             "query.max-subgoals",
+            "query.compass-span-hops",
+            "query.compass-span-decay",
+            "query.compass-span-lift",
         ] {
             assert!(msg.contains(key), "{key}: {msg}");
         }

@@ -78,7 +78,7 @@ fn retrieve(
     let q = req.query.as_str();
     match req.mode {
         Mode::PruneAndGrow => query::prune_and_grow(view, e, guide, q, k, budget),
-        Mode::Compass => query::compass(view, e, guide, q, k, budget, s.config.query.compass_topics),
+        Mode::Compass => query::compass(view, e, guide, q, k, budget, &s.config.query.compass()),
         Mode::Flat => query::flat(view, e, q, k, budget),
         Mode::Hybrid => query::hybrid(view, e, q, budget),
     }

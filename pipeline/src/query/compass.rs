@@ -33,7 +33,10 @@ pub fn plan(query: &str) -> Vec<String> {
 /// seeds and then each hop's new events go to it, and it says per event *answer* (keep), *expand* (keep and walk on)
 /// or *skip*; without, events within half of the best score are kept and walked on. *Responder*: every layer-0
 /// node ranked by the best of its own relevance (to any subgoal) and [`CONTEXT`] × its kept event's score — the
-/// turns of the events the walk found, around and between the best turns — consecutive turns merged into passages,
+/// turns of the events the walk found, around and between the best turns; in a long session (a meeting: at least
+/// `span_min_session` turns) the events beside the explored ones too, at `span_decay` per event, and an explored
+/// event's turns at `span_lift` of its score, for what a question about a meeting asks is a stretch of it —
+/// consecutive turns merged into passages,
 /// cut to the word budget (the answer itself is generated from them by the caller). A space without events is
 /// answered by relevance alone.
 pub fn compass(
@@ -43,8 +46,9 @@ pub fn compass(
     query: &str,
     k: usize,
     budget_words: usize,
-    topic_seeds: usize,
+    params: &CompassParams,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
+    let topic_seeds = params.topics;
     let mut trace = Vec::new();
     let goals = subgoals(guide, query, &mut trace);
     if view.events.is_empty() {
@@ -66,15 +70,30 @@ pub fn compass(
             *e = e.max(s + SEGMENT * rel.top);
         }
     }
-    // Rank every layer-0 node; a turn of a kept event inherits from the event what a turn inherits from its
-    // neighbour.
-    let lift_share = CONTEXT;
+    // In a long session, the events beside an explored one are read too, and an explored event's turns rank
+    // nearly as high as it does: what a question about a meeting asks for is a stretch of it.
+    let long = long_sessions(view, params.span_min_session);
+    if params.span_hops > 0 && !long.is_empty() {
+        reached = spread(view, &long, &reached, params.span_hops, params.span_decay);
+    }
+    let lift_share = |event: &str| {
+        let e = &view.events[event];
+        if params.span_hops > 0 && long.contains(&(e.conversation.as_str(), e.session)) {
+            params.span_lift
+        } else {
+            CONTEXT
+        }
+    };
     let mut ranked: Vec<(f32, &Node, &'static str)> = view
         .nodes
         .iter()
         .map(|(id, (n, _))| {
             let own = node_score[id.as_str()];
-            let lift = view.event_of.get(id).and_then(|e| reached.get(e.as_str())).map_or(f32::MIN, |s| lift_share * s);
+            let lift = view
+                .event_of
+                .get(id)
+                .and_then(|e| Some(lift_share(e) * reached.get(e.as_str())?))
+                .map_or(f32::MIN, |s| s);
             if lift > own {
                 (lift, n, "a turn of an explored event")
             } else {
@@ -85,6 +104,68 @@ pub fn compass(
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     let out = super::passages(view, ranked, budget_words, &mut trace);
     (out, trace)
+}
+
+/// `compass`'s parameters (the `query.compass-*` keys).
+#[derive(Clone, Debug)]
+pub struct CompassParams {
+    pub topics: usize,
+    pub span_hops: usize,
+    pub span_decay: f32,
+    pub span_lift: f32,
+    pub span_min_session: usize,
+}
+
+impl Default for CompassParams {
+    fn default() -> Self {
+        CompassParams { topics: 2, span_hops: 8, span_decay: 0.95, span_lift: 0.9, span_min_session: 64 }
+    }
+}
+
+/// The sessions `(conversation, session)` whose events hold at least `min` turns.
+fn long_sessions(view: &SpaceView, min: usize) -> HashSet<(&str, i64)> {
+    let mut turns: HashMap<(&str, i64), usize> = HashMap::new();
+    for e in view.events.values() {
+        *turns.entry((e.conversation.as_str(), e.session)).or_default() += e.turns.len();
+    }
+    turns.into_iter().filter(|(_, n)| *n >= min).map(|(k, _)| k).collect()
+}
+
+/// The explored events' scores spread along their long sessions: the events up to `hops` before and after an
+/// explored one (in the order of their first turns) reach `decay`^hop of its score, if that is more than they have.
+fn spread<'a>(
+    view: &'a SpaceView,
+    long: &HashSet<(&str, i64)>,
+    reached: &HashMap<&'a str, f32>,
+    hops: usize,
+    decay: f32,
+) -> HashMap<&'a str, f32> {
+    let mut by_session: HashMap<(&str, i64), Vec<(i64, &'a str)>> = HashMap::new();
+    for (id, e) in &view.events {
+        let key = (e.conversation.as_str(), e.session);
+        if long.contains(&key) {
+            let pos = e.turns.first().and_then(|t| view.nodes.get(t)).map_or(i64::MAX, |(n, _)| n.pos);
+            by_session.entry(key).or_default().push((pos, id.as_str()));
+        }
+    }
+    let mut out = reached.clone();
+    for list in by_session.values_mut() {
+        list.sort();
+        for (i, (_, id)) in list.iter().enumerate() {
+            let Some(&s) = reached.get(id) else { continue };
+            let mut v = s;
+            for h in 1..=hops {
+                v *= decay;
+                for j in [i.checked_sub(h), Some(i + h)].into_iter().flatten() {
+                    if let Some((_, to)) = list.get(j) {
+                        let e = out.entry(to).or_insert(f32::MIN);
+                        *e = e.max(v);
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The Planner: the model's subgoals, or without one [`plan`]'s.
@@ -264,5 +345,112 @@ impl<'a> Explorer<'a> {
         };
         trace.push(json!({"step": "explore", "subgoal": goal, "events": here.len(), "walked": walked, "why": why}));
         here
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::{ViewUpdate, Views};
+    use operators::events::EventRow;
+    use operators::model::POSITION_SCALE;
+    use operators::NodeKind;
+
+    /// Three made-up words from `seed`, shared with no other seed's.
+    fn words(seed: &str) -> String {
+        let h = blake3::hash(seed.as_bytes());
+        let w = |b: &[u8]| b.iter().map(|x| (b'a' + x % 26) as char).collect::<String>();
+        format!("{} {} {}", w(&h.as_bytes()[0..6]), w(&h.as_bytes()[6..12]), w(&h.as_bytes()[12..18]))
+    }
+
+    /// A space of two conversations: `long` with `long_events` events of 8 turns each, `short` with 7 of 8.
+    fn space(long_events: usize) -> Views {
+        let mut updates = Vec::new();
+        for (conv, events) in [("long", long_events), ("short", 7)] {
+            for e in 0..events {
+                let turns: Vec<String> = (0..8).map(|t| format!("{conv}-{}", e * 8 + t)).collect();
+                for (i, id) in turns.iter().enumerate() {
+                    let n = Node {
+                        id: id.clone(),
+                        kind: NodeKind::Turn,
+                        doc: conv.into(),
+                        pos: ((e * 8 + i) as i64) * POSITION_SCALE,
+                        text: words(&format!("{id}")),
+                        speaker: None,
+                        ts: None,
+                    };
+                    let emb = operators::HashEmbedder::new(64).embed(&n.text);
+                    updates.push((ViewUpdate::Node("s".into(), n, emb), 1));
+                }
+                let row = EventRow {
+                    id: format!("{conv}-e{e}"),
+                    conversation: conv.into(),
+                    session: 1,
+                    turns,
+                    summary: String::new(),
+                    people: vec![],
+                    time: None,
+                };
+                updates.push((ViewUpdate::Event("s".into(), row), 1));
+            }
+        }
+        let mut v = Views::default();
+        v.apply(updates);
+        v
+    }
+
+    #[test]
+    fn only_a_long_session_spreads_to_the_events_beside_an_explored_one() {
+        let v = space(10);
+        let view = &v.spaces["s"];
+        let long = long_sessions(view, 64);
+        assert_eq!(long, HashSet::from([("long", 1)]), "80 turns is long, 56 is not");
+        let reached: HashMap<&str, f32> = HashMap::from([("long-e5", 1.0), ("short-e1", 1.0)]);
+        let out = spread(view, &long, &reached, 2, 0.5);
+        let got = |id: &str| out.get(id).copied();
+        assert_eq!(got("long-e5"), Some(1.0));
+        assert_eq!((got("long-e4"), got("long-e6")), (Some(0.5), Some(0.5)));
+        assert_eq!((got("long-e3"), got("long-e7")), (Some(0.25), Some(0.25)));
+        assert_eq!((got("long-e2"), got("long-e8")), (None, None), "beyond two hops");
+        assert_eq!((got("short-e0"), got("short-e2")), (None, None), "a short session does not spread");
+        // A neighbour keeps the better of its own score and the spread one.
+        let reached: HashMap<&str, f32> = HashMap::from([("long-e5", 1.0), ("long-e6", 0.9)]);
+        let out = spread(view, &long, &reached, 1, 0.5);
+        assert_eq!((out["long-e6"], out["long-e5"], out["long-e7"]), (0.9, 1.0, 0.45));
+    }
+
+    #[test]
+    fn the_responder_reads_the_stretch_around_what_it_found_in_a_long_session_only() {
+        let v = space(10);
+        let view = &v.spaces["s"];
+        let e = operators::HashEmbedder::new(64);
+        // The turns a reading returns, by number (a passage's id is `first..last`).
+        let read = |params: &CompassParams, conv: &str, q: usize| -> BTreeSet<usize> {
+            let (evidence, _) = compass(view, &e, &crate::query::NoModel, &words(&format!("{conv}-{q}")), 4, 60, params);
+            let num = |id: &str| id.rsplit('-').next().and_then(|n| n.parse::<usize>().ok());
+            evidence
+                .iter()
+                .filter_map(|x| {
+                    let (a, b) = x.id.split_once("..").unwrap_or((&x.id, &x.id));
+                    Some(num(a)?..=num(b)?)
+                })
+                .flatten()
+                .collect()
+        };
+        let on = CompassParams::default();
+        let off = CompassParams { span_hops: 0, ..CompassParams::default() };
+        // Turn 42 is in the event of turns 40..48; its neighbours hold 32..40 and 48..56. 60 words are 20 turns.
+        let found = read(&off, "long", 42);
+        assert!(found.contains(&42), "{found:?}");
+        let spread = read(&on, "long", 42);
+        let around = |got: &BTreeSet<usize>| got.iter().filter(|t| (32..56).contains(*t)).count();
+        assert_eq!(around(&spread), spread.len(), "all of it from the stretch around turn 42: {spread:?}");
+        assert!(spread.len() >= 18 && spread.contains(&39) && spread.contains(&48), "{spread:?}");
+        assert!(around(&found) < around(&spread), "{found:?} against {spread:?}");
+        // In a short session the same reading changes nothing, unless the gate is lowered to it.
+        let short = read(&off, "short", 26);
+        assert_eq!(read(&on, "short", 26), short);
+        let ungated = CompassParams { span_min_session: 56, ..CompassParams::default() };
+        assert_ne!(read(&ungated, "short", 26), short, "{short:?}");
     }
 }

@@ -10,7 +10,7 @@ mod hybrid;
 mod prune_and_grow;
 pub mod relevance;
 
-pub use compass::{compass, plan};
+pub use compass::{compass, plan, CompassParams};
 pub use flat::flat;
 pub use hybrid::hybrid;
 pub use prune_and_grow::prune_and_grow;
