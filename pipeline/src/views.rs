@@ -99,6 +99,13 @@ pub struct ClusterView {
     pub summary_terms: operators::lexical::TermCounts,
 }
 
+/// The events of one session, and how many turns they hold.
+#[derive(Default, Clone, Debug, PartialEq)]
+pub struct SessionEvents {
+    pub turns: usize,
+    pub events: BTreeSet<String>,
+}
+
 #[derive(Default, Clone)]
 pub struct SpaceView {
     pub nodes: HashMap<String, (Node, Embedding)>,
@@ -135,6 +142,9 @@ pub struct SpaceView {
     pub event_vectors: HashMap<String, Embedding>,
     /// Turn id → its event.
     pub event_of: HashMap<String, String>,
+    /// Conversation → session → its events and the turns they hold (`compass` reads a long session's stretch
+    /// without a scan of every event).
+    pub sessions: HashMap<String, HashMap<i64, SessionEvents>>,
     /// Event id → its merge group (the smallest event id of its component; itself when alone).
     pub groups: HashMap<String, String>,
     /// Event id → its topic (`T:<smallest member>`).
@@ -340,8 +350,15 @@ impl SpaceView {
             for t in &e.turns {
                 self.event_of.insert(t.clone(), e.id.clone());
             }
+            if let Some(old) = self.events.get(&e.id).cloned() {
+                self.leave_session(&old);
+            }
+            let session = self.sessions.entry(e.conversation.clone()).or_default().entry(e.session).or_default();
+            session.turns += e.turns.len();
+            session.events.insert(e.id.clone());
             self.events.insert(e.id.clone(), e);
         } else if self.events.get(&e.id) == Some(&e) {
+            self.leave_session(&e);
             self.events.remove(&e.id);
             self.event_vectors.remove(&e.id);
             for t in &e.turns {
@@ -349,6 +366,22 @@ impl SpaceView {
                     self.event_of.remove(t);
                 }
             }
+        }
+    }
+
+    /// Takes event `e` out of its session's index.
+    fn leave_session(&mut self, e: &operators::events::EventRow) {
+        let Some(conv) = self.sessions.get_mut(&e.conversation) else { return };
+        if let Some(session) = conv.get_mut(&e.session) {
+            if session.events.remove(&e.id) {
+                session.turns -= e.turns.len();
+            }
+            if session.events.is_empty() {
+                conv.remove(&e.session);
+            }
+        }
+        if conv.is_empty() {
+            self.sessions.remove(&e.conversation);
         }
     }
 
@@ -644,6 +677,60 @@ mod tests {
             text: text.into(),
             speaker: None,
             ts: None,
+        }
+    }
+
+    #[test]
+    fn the_session_index_follows_events_that_come_change_and_go() {
+        let event = |i: u64, gen: u64| operators::events::EventRow {
+            id: format!("e{i}"),
+            conversation: format!("c{}", i % 3),
+            session: (i % 2) as i64,
+            turns: (0..1 + (i + gen) % 4).map(|t| format!("t{i}-{t}")).collect(),
+            summary: format!("v{gen}"),
+            people: vec![],
+            time: None,
+        };
+        let mut v = Views::default();
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _epoch in 0..60 {
+            let mut batch = Vec::new();
+            let mut touched = BTreeSet::new();
+            for _ in 0..4 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = x % 10;
+                if !touched.insert(i) {
+                    continue;
+                }
+                match live.get(&i).copied() {
+                    Some(g) if x.is_multiple_of(3) => {
+                        batch.push((ViewUpdate::Event("s".into(), event(i, g)), -1));
+                        live.remove(&i);
+                    }
+                    Some(g) => {
+                        batch.push((ViewUpdate::Event("s".into(), event(i, g)), -1));
+                        batch.push((ViewUpdate::Event("s".into(), event(i, g + 1)), 1));
+                        live.insert(i, g + 1);
+                    }
+                    None => {
+                        batch.push((ViewUpdate::Event("s".into(), event(i, 0)), 1));
+                        live.insert(i, 0);
+                    }
+                }
+            }
+            v.apply(batch);
+            let mut want: HashMap<String, HashMap<i64, SessionEvents>> = HashMap::new();
+            for (&i, &g) in &live {
+                let e = event(i, g);
+                let s = want.entry(e.conversation.clone()).or_default().entry(e.session).or_default();
+                s.turns += e.turns.len();
+                s.events.insert(e.id);
+            }
+            let got = v.spaces.get("s").map(|s| s.sessions.clone()).unwrap_or_default();
+            assert_eq!(got, want);
         }
     }
 

@@ -72,7 +72,7 @@ pub fn compass(
     }
     // In a long session, the events beside an explored one are read too, and an explored event's turns rank
     // nearly as high as it does: what a question about a meeting asks for is a stretch of it.
-    let long = long_sessions(view, params.span_min_session);
+    let long = long_sessions(view, &reached, params.span_min_session);
     if params.span_hops > 0 && !long.is_empty() {
         reached = spread(view, &long, &reached, params.span_hops, params.span_decay);
     }
@@ -122,13 +122,14 @@ impl Default for CompassParams {
     }
 }
 
-/// The sessions `(conversation, session)` whose events hold at least `min` turns.
-fn long_sessions(view: &SpaceView, min: usize) -> HashSet<(&str, i64)> {
-    let mut turns: HashMap<(&str, i64), usize> = HashMap::new();
-    for e in view.events.values() {
-        *turns.entry((e.conversation.as_str(), e.session)).or_default() += e.turns.len();
-    }
-    turns.into_iter().filter(|(_, n)| *n >= min).map(|(k, _)| k).collect()
+/// The sessions `(conversation, session)` of the `reached` events that hold at least `min` turns.
+fn long_sessions<'a>(view: &'a SpaceView, reached: &HashMap<&str, f32>, min: usize) -> HashSet<(&'a str, i64)> {
+    reached
+        .keys()
+        .filter_map(|id| view.events.get(*id))
+        .filter(|e| view.sessions.get(&e.conversation).and_then(|c| c.get(&e.session)).is_some_and(|s| s.turns >= min))
+        .map(|e| (e.conversation.as_str(), e.session))
+        .collect()
 }
 
 /// The explored events' scores spread along their long sessions: the events up to `hops` before and after an
@@ -140,16 +141,18 @@ fn spread<'a>(
     hops: usize,
     decay: f32,
 ) -> HashMap<&'a str, f32> {
-    let mut by_session: HashMap<(&str, i64), Vec<(i64, &'a str)>> = HashMap::new();
-    for (id, e) in &view.events {
-        let key = (e.conversation.as_str(), e.session);
-        if long.contains(&key) {
-            let pos = e.turns.first().and_then(|t| view.nodes.get(t)).map_or(i64::MAX, |(n, _)| n.pos);
-            by_session.entry(key).or_default().push((pos, id.as_str()));
-        }
-    }
     let mut out = reached.clone();
-    for list in by_session.values_mut() {
+    for (conv, session) in long {
+        let Some(events) = view.sessions.get(*conv).and_then(|c| c.get(session)) else { continue };
+        let mut list: Vec<(i64, &'a str)> = events
+            .events
+            .iter()
+            .filter_map(|id| view.events.get_key_value(id))
+            .map(|(id, e)| {
+                let pos = e.turns.first().and_then(|t| view.nodes.get(t)).map_or(i64::MAX, |(n, _)| n.pos);
+                (pos, id.as_str())
+            })
+            .collect();
         list.sort();
         for (i, (_, id)) in list.iter().enumerate() {
             let Some(&s) = reached.get(id) else { continue };
@@ -403,9 +406,10 @@ mod tests {
     fn only_a_long_session_spreads_to_the_events_beside_an_explored_one() {
         let v = space(10);
         let view = &v.spaces["s"];
-        let long = long_sessions(view, 64);
-        assert_eq!(long, HashSet::from([("long", 1)]), "80 turns is long, 56 is not");
         let reached: HashMap<&str, f32> = HashMap::from([("long-e5", 1.0), ("short-e1", 1.0)]);
+        let long = long_sessions(view, &reached, 64);
+        assert_eq!(long, HashSet::from([("long", 1)]), "80 turns is long, 56 is not");
+        assert_eq!(view.sessions["long"][&1].turns, 80);
         let out = spread(view, &long, &reached, 2, 0.5);
         let got = |id: &str| out.get(id).copied();
         assert_eq!(got("long-e5"), Some(1.0));
@@ -426,7 +430,8 @@ mod tests {
         let e = operators::HashEmbedder::new(64);
         // The turns a reading returns, by number (a passage's id is `first..last`).
         let read = |params: &CompassParams, conv: &str, q: usize| -> BTreeSet<usize> {
-            let (evidence, _) = compass(view, &e, &crate::query::NoModel, &words(&format!("{conv}-{q}")), 4, 60, params);
+            let (evidence, _) =
+                compass(view, &e, &crate::query::NoModel, &words(&format!("{conv}-{q}")), 4, 60, params);
             let num = |id: &str| id.rsplit('-').next().and_then(|n| n.parse::<usize>().ok());
             evidence
                 .iter()
