@@ -378,7 +378,7 @@ mod tests {
                         kind: NodeKind::Turn,
                         doc: conv.into(),
                         pos: ((e * 8 + i) as i64) * POSITION_SCALE,
-                        text: words(&format!("{id}")),
+                        text: words(id),
                         speaker: None,
                         ts: None,
                     };
