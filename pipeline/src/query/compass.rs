@@ -76,24 +76,21 @@ pub fn compass(
     if params.span_hops > 0 && !long.is_empty() {
         reached = spread(view, &long, &reached, params.span_hops, params.span_decay);
     }
-    let lift_share = |event: &str| {
-        let e = &view.events[event];
-        if params.span_hops > 0 && long.contains(&(e.conversation.as_str(), e.session)) {
-            params.span_lift
-        } else {
-            CONTEXT
-        }
-    };
+    // What each reached event lifts its turns to, once per event rather than once per node.
+    let lifted: HashMap<&str, f32> = reached
+        .iter()
+        .map(|(&id, &score)| {
+            let long = params.span_hops > 0
+                && view.events.get(id).is_some_and(|e| long.contains(&(e.conversation.as_str(), e.session)));
+            (id, score * if long { params.span_lift } else { CONTEXT })
+        })
+        .collect();
     let mut ranked: Vec<(f32, &Node, &'static str)> = view
         .nodes
         .iter()
         .map(|(id, (n, _))| {
             let own = node_score[id.as_str()];
-            let lift = view
-                .event_of
-                .get(id)
-                .and_then(|e| Some(lift_share(e) * reached.get(e.as_str())?))
-                .map_or(f32::MIN, |s| s);
+            let lift = view.event_of.get(id).and_then(|e| lifted.get(e.as_str()).copied()).unwrap_or(f32::MIN);
             if lift > own {
                 (lift, n, "a turn of an explored event")
             } else {
