@@ -36,9 +36,8 @@ pub fn plan(query: &str) -> Vec<String> {
 /// turns of the events the walk found, around and between the best turns; in a long session (a meeting: at least
 /// `span_min_session` turns) the events beside the explored ones too, at `span_decay` per event, and an explored
 /// event's turns at `span_lift` of its score, for what a question about a meeting asks is a stretch of it —
-/// consecutive turns merged into passages,
-/// cut to the word budget (the answer itself is generated from them by the caller). A space without events is
-/// answered by relevance alone.
+/// consecutive turns merged into passages, cut to the word budget (the answer itself is generated from them by the
+/// caller). A space without events is answered by relevance alone.
 pub fn compass(
     view: &SpaceView,
     embedder: &dyn Embedder,
@@ -72,16 +71,16 @@ pub fn compass(
     }
     // In a long session, the events beside an explored one are read too, and an explored event's turns rank
     // nearly as high as it does: what a question about a meeting asks for is a stretch of it.
-    let long = long_sessions(view, &reached, params.span_min_session);
-    if params.span_hops > 0 && !long.is_empty() {
+    let long =
+        if params.span_hops > 0 { long_sessions(view, &reached, params.span_min_session) } else { HashSet::new() };
+    if !long.is_empty() {
         reached = spread(view, &long, &reached, params.span_hops, params.span_decay);
     }
     // What each reached event lifts its turns to, once per event rather than once per node.
     let lifted: HashMap<&str, f32> = reached
         .iter()
         .map(|(&id, &score)| {
-            let long = params.span_hops > 0
-                && view.events.get(id).is_some_and(|e| long.contains(&(e.conversation.as_str(), e.session)));
+            let long = view.events.get(id).is_some_and(|e| long.contains(&(e.conversation.as_str(), e.session)));
             (id, score * if long { params.span_lift } else { CONTEXT })
         })
         .collect();
@@ -111,12 +110,6 @@ pub struct CompassParams {
     pub span_decay: f32,
     pub span_lift: f32,
     pub span_min_session: usize,
-}
-
-impl Default for CompassParams {
-    fn default() -> Self {
-        CompassParams { topics: 2, span_hops: 8, span_decay: 0.95, span_lift: 0.9, span_min_session: 64 }
-    }
 }
 
 /// The sessions `(conversation, session)` of the `reached` events that hold at least `min` turns.
@@ -439,8 +432,9 @@ mod tests {
                 .flatten()
                 .collect()
         };
-        let on = CompassParams::default();
-        let off = CompassParams { span_hops: 0, ..CompassParams::default() };
+        // The shipped defaults (default.toml).
+        let on = crate::config::Config::load(None, Vec::new(), &Default::default()).unwrap().query.compass();
+        let off = CompassParams { span_hops: 0, ..on.clone() };
         // Turn 42 is in the event of turns 40..48; its neighbours hold 32..40 and 48..56. 60 words are 20 turns.
         let found = read(&off, "long", 42);
         assert!(found.contains(&42), "{found:?}");
@@ -452,7 +446,7 @@ mod tests {
         // In a short session the same reading changes nothing, unless the gate is lowered to it.
         let short = read(&off, "short", 26);
         assert_eq!(read(&on, "short", 26), short);
-        let ungated = CompassParams { span_min_session: 56, ..CompassParams::default() };
+        let ungated = CompassParams { span_min_session: 56, ..on.clone() };
         assert_ne!(read(&ungated, "short", 26), short, "{short:?}");
     }
 }
