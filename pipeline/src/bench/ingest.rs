@@ -21,7 +21,11 @@ pub(super) fn ingest(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCo
     let memory_params = MemoryParams { with_model: false, ..crate::engine::memory_params(config) };
     let mut points = Vec::new();
     for &w in &args.workers {
-        let (secs, edges) = run_dataflow(&deltas, &memory_params, config.embedder.dim, w, args.batch, args.profile)?;
+        // With `--profile`, the last `--stream` deltas go in `--stream-batch` per epoch after the bulk, each epoch
+        // waited for, and are profiled on their own: what a steady stream costs in the grown memory.
+        let stream = if args.profile { args.stream.min(deltas.len()) } else { 0 };
+        let feed = Feed { batch: args.batch, stream, stream_batch: args.stream_batch.max(1), profile: args.profile };
+        let (secs, edges) = run_dataflow(&deltas, &memory_params, config.embedder.dim, w, feed)?;
         points.push(serde_json::json!({
             "bench": "ingest", "workers": w, "chunks": chunks, "batch": args.batch, "seconds": secs,
             "chunks_per_second": chunks as f64 / secs, "edges": edges,
@@ -71,16 +75,26 @@ pub(super) fn ingest(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs the memory ([`memory`], the engine's wiring, without a model) over `deltas` in epochs of `batch`,
-/// returning seconds to the last epoch's completion and the final edge count.
+/// How [`run_dataflow`] feeds its deltas: all but the last `stream` in epochs of `batch`, then those in epochs of
+/// `stream_batch`, each waited for.
+#[derive(Clone, Copy)]
+struct Feed {
+    batch: usize,
+    stream: usize,
+    stream_batch: usize,
+    profile: bool,
+}
+
+/// Runs the memory ([`memory`], the engine's wiring, without a model) over `deltas` as `feed` says, returning
+/// seconds to the last epoch's completion and the final edge count.
 fn run_dataflow(
     deltas: &[(String, Node, isize)],
     params: &MemoryParams,
     dim: usize,
     workers: usize,
-    batch: usize,
-    profile: bool,
+    feed: Feed,
 ) -> anyhow::Result<(f64, usize)> {
+    let Feed { batch, stream, stream_batch, profile } = feed;
     let deltas = Arc::new(deltas.to_vec());
     let params = params.clone();
     let edges = Arc::new(Mutex::new(0isize));
@@ -98,21 +112,49 @@ fn run_dataflow(
             probe_all(m, &probe);
             (input, logged_input)
         });
-        if worker.index() == 0 {
-            for (epoch, chunk) in deltas.chunks(batch.max(1)).enumerate() {
-                for (s, n, d) in chunk {
+        let bulk = deltas.len() - stream;
+        let mut epochs: Vec<&[(String, Node, isize)]> = deltas[..bulk].chunks(batch.max(1)).collect();
+        let bulk_epochs = epochs.len();
+        epochs.extend(deltas[bulk..].chunks(stream_batch));
+        let mut stream_started = None;
+        for (epoch, chunk) in epochs.iter().enumerate() {
+            let epoch = epoch as u64;
+            if epoch as usize == bulk_epochs && stream > 0 {
+                // The bulk is in: report it, and time the stream alone.
+                worker.step_while(|| probe.less_than(&epoch));
+                if let Some(p) = &profiler {
+                    p.arrangements();
+                    p.report(worker.index());
+                }
+                stream_started = Some(Instant::now());
+            }
+            if worker.index() == 0 {
+                for (s, n, d) in chunk.iter() {
                     input.update((s.clone(), n.clone()), *d);
                 }
-                input.advance_to(epoch as u64 + 1);
-                logged.advance_to(epoch as u64 + 1);
-                input.flush();
-                logged.flush();
+            }
+            input.advance_to(epoch + 1);
+            logged.advance_to(epoch + 1);
+            input.flush();
+            logged.flush();
+            if stream_started.is_some() {
+                // A live stream: every epoch reflected before the next.
+                worker.step_while(|| probe.less_than(&(epoch + 1)));
+            } else {
                 // Keep at most a couple of epochs in flight, as the engine's epoch clock does.
-                worker.step_while(|| probe.less_than(&(epoch as u64).saturating_sub(1)));
+                worker.step_while(|| probe.less_than(&epoch.saturating_sub(1)));
             }
         }
-        if let Some(p) = &profiler {
-            let last = (deltas.len().div_ceil(batch.max(1))) as u64;
+        if let Some(t) = stream_started {
+            let n = epochs.len() - bulk_epochs;
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "stream (worker {}): {n} epochs of {stream_batch} in {secs:.3}s, {:.1} ms per epoch",
+                worker.index(),
+                secs * 1000.0 / n.max(1) as f64
+            );
+        } else if let Some(p) = &profiler {
+            let last = epochs.len() as u64;
             worker.step_while(|| probe.less_than(&last));
             p.arrangements();
         }

@@ -70,10 +70,11 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,500")]
     pub(super) batches: Vec<usize>,
     /// hierarchy: after the batches, stream this many chunks into the memory, `--stream-batch` per epoch, with the
-    /// summariser's debounce (steady state); 0 skips it.
+    /// summariser's debounce (steady state); 0 skips it. ingest with `--profile`: the last this many records go in
+    /// `--stream-batch` per epoch, each epoch waited for, and are profiled apart from the bulk.
     #[arg(long, default_value_t = 2000)]
     pub(super) stream: usize,
-    /// hierarchy: chunks per epoch of the stream (100 ms epochs: 10 = 100 chunks/s).
+    /// hierarchy and ingest: chunks per epoch of the stream (100 ms epochs: 10 = 100 chunks/s).
     #[arg(long, default_value_t = 10)]
     pub(super) stream_batch: usize,
     /// hierarchy: epochs a cluster must stay unchanged before it is summarised in the stream (the engine's
