@@ -1,5 +1,7 @@
-//! The whole memory as one dataflow, wired once: the engine and every bench build it with [`memory`], so a bench
-//! measures the engine's memory and not a copy of it.
+//! The whole memory, wired once, in two parts: [`fresh`] (layer 0 and the event memory) and [`structure`] (CAM's
+//! hierarchy and its summaries, over layer 0). The engine runs them as two dataflows, so that a streamed record is
+//! reflected without waiting for the layers above it; the benches and model tests build both as one with [`memory`],
+//! the same operators either way.
 //!
 //! ```text
 //! nodes ─► embed ─► similarity edges ─► hierarchy (ego networks, replicas, label propagation, layers)
@@ -69,8 +71,34 @@ pub struct Memory<'s, T: Timestamp> {
     pub topics: VecCollection<'s, T, (String, String, String)>,
 }
 
+/// The memory's fresh part: layer 0 and the event memory, what a streamed record needs before the views reflect it.
+pub struct Fresh<'s, T: Timestamp> {
+    /// `(space, node, embedding)`: layer 0.
+    pub nodes: VecCollection<'s, T, (String, Node, Embedding)>,
+    /// Layer 0's similarity edges.
+    pub edges: VecCollection<'s, T, Edge>,
+    /// `(space, content key, request)`: the event memory's requests (segmentations, co-reference judgements).
+    pub requests: VecCollection<'s, T, (String, String, ModelRequest)>,
+    pub events: VecCollection<'s, T, (String, EventRow)>,
+    pub relations: VecCollection<'s, T, (String, RelationRow)>,
+    pub merges: VecCollection<'s, T, (String, String, String)>,
+    pub topics: VecCollection<'s, T, (String, String, String)>,
+}
+
+/// The memory's structure: CAM's hierarchy over layer 0, and the summaries of its clusters.
+pub struct Structure<'s, T: Timestamp> {
+    /// `(space, layer, cluster, member)` for every layer ≥ 1.
+    pub clusters: VecCollection<'s, T, (String, u32, String, String)>,
+    /// `(space, layer, u, v, weight)`: the graph of every layer ≥ 1.
+    pub layer_edges: VecCollection<'s, T, (String, u32, String, String, u64)>,
+    /// `((space, cluster), (layer, text))`.
+    pub summaries: VecCollection<'s, T, ((String, String), (u32, String))>,
+    /// `(space, content key, request)`: the clusters waiting for their summaries.
+    pub requests: VecCollection<'s, T, (String, String, ModelRequest)>,
+}
+
 /// Builds the memory over `nodes` (layer 0, per space) and `logged` (the model's replies, `((space, content key),
-/// reply)`).
+/// reply)`): [`fresh`] and, over its layer 0, [`structure`], in one dataflow.
 pub fn memory<'s, T>(
     nodes: VecCollection<'s, T, (String, Node)>,
     logged: VecCollection<'s, T, ((String, String), String)>,
@@ -80,14 +108,54 @@ pub fn memory<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
+    let texts = nodes.clone().map(|(s, n)| ((s, n.id), n.text));
+    let f = fresh(nodes, logged.clone(), embedder, params);
+    let st = structure(texts, f.edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))), logged, params);
+    Memory {
+        nodes: f.nodes,
+        edges: f.edges,
+        clusters: st.clusters,
+        layer_edges: st.layer_edges,
+        summaries: st.summaries,
+        requests: st.requests.concat(f.requests),
+        events: f.events,
+        relations: f.relations,
+        merges: f.merges,
+        topics: f.topics,
+    }
+}
+
+/// The hierarchy and its summaries over layer 0 given as `texts` (`((space, node), text)`) and `edges` (`(space,
+/// u, v, weight)`), with the model's replies `logged`.
+pub fn structure<'s, T>(
+    texts: VecCollection<'s, T, ((String, String), String)>,
+    edges: VecCollection<'s, T, (String, String, String, u64)>,
+    logged: VecCollection<'s, T, ((String, String), String)>,
+    params: &MemoryParams,
+) -> Structure<'s, T>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
+    let h = hierarchy(texts.clone().map(|((s, id), _)| (s, id)), edges, &params.hierarchy);
+    let sm = summaries(texts, &h.layers, logged);
+    let requests = sm
+        .requests
+        .map(|(s, layer, cluster, key, members)| (s, key, ModelRequest::Summary { layer, cluster, members }));
+    Structure { clusters: h.clusters, layer_edges: h.edges, summaries: sm.texts, requests }
+}
+
+/// Layer 0 (embedded nodes, similarity edges) and the event memory over `nodes`, with the model's replies `logged`.
+pub fn fresh<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node)>,
+    logged: VecCollection<'s, T, ((String, String), String)>,
+    embedder: Arc<dyn Embedder>,
+    params: &MemoryParams,
+) -> Fresh<'s, T>
+where
+    T: Timestamp + Lattice + TotalOrder,
+{
     let embedded = embed_nodes(nodes.clone(), embedder.clone());
     let edges = similarity_edges(embedded.clone(), params.similarity.clone());
-    let h = hierarchy(
-        nodes.clone().map(|(s, n)| (s, n.id)),
-        edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))),
-        &params.hierarchy,
-    );
-    let sm = summaries(nodes.clone().map(|(s, n)| ((s, n.id), n.text)), &h.layers, logged.clone());
     let em = events::event_memory(nodes, logged.clone(), params.segment.clone(), params.with_model);
     // Each event embedded as a pseudo-node (so batch-dependent embedders retract exactly) and quantised.
     let event_nodes = em.events.clone().map(|(s, e)| {
@@ -109,16 +177,10 @@ where
     let coref = events::coreference(candidates, em.events.clone(), logged);
     let merges = events::merge_groups(event_vectors.clone(), links.concat(coref.same));
     let topics = events::event_topics(by_conversation);
-    let cluster_requests = sm
-        .requests
-        .map(|(s, layer, cluster, key, members)| (s, key, ModelRequest::Summary { layer, cluster, members }));
-    Memory {
+    Fresh {
         nodes: embedded,
         edges,
-        clusters: h.clusters,
-        layer_edges: h.edges,
-        summaries: sm.texts,
-        requests: cluster_requests.concat(em.requests).concat(coref.requests),
+        requests: em.requests.concat(coref.requests),
         events: em.events,
         relations: em.relations.concat(coref.overlaps),
         merges,

@@ -324,14 +324,14 @@ fn parse_modes(names: &[String]) -> anyhow::Result<Vec<Mode>> {
         .collect()
 }
 
-/// Waits until the records are in and no request waits for the model (for two looks in a row). A model that keeps
+/// Waits until the records are in (layer 0, events and the hierarchy) and no request waits for the model (for two looks in a row). A model that keeps
 /// failing would leave requests waiting for ever: after a minute without progress the evaluation goes on.
 pub(crate) fn settle(shared: &Shared, poll: Duration) {
     let mut quiet = 0;
     let (mut last_pending, mut progress) = (usize::MAX, Instant::now());
     loop {
         std::thread::sleep(poll);
-        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.as_of().is_some_and(|a| a >= e));
+        let settled = shared.inputs_settled().flatten().is_some_and(|e| shared.reflects(e));
         let pending = shared.views().request_count();
         quiet = if settled && pending == 0 { quiet + 1 } else { 0 };
         if quiet >= 2 {

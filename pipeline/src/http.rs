@@ -164,10 +164,14 @@ pub fn admin(shared: Arc<Shared>) -> Router {
 }
 
 async fn healthz(State(s): State<Arc<Shared>>) -> Response {
+    // The hierarchy first: it never passes layer 0, which may move on between the two reads.
+    let hierarchy_as_of = s.hierarchy_as_of();
+    let as_of = s.as_of();
     match s.failure() {
-        None => Json(json!({"status": "ok", "as_of": s.as_of()})).into_response(),
+        None => Json(json!({"status": "ok", "as_of": as_of, "hierarchy_as_of": hierarchy_as_of})).into_response(),
         Some(reason) => {
-            let body = json!({"status": "failed", "reason": reason, "as_of": s.as_of()});
+            let body =
+                json!({"status": "failed", "reason": reason, "as_of": as_of, "hierarchy_as_of": hierarchy_as_of});
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
     }
@@ -213,7 +217,7 @@ async fn spaces(State(s): State<Arc<Shared>>, Extension(grant): Extension<Grant>
     Json(spaces_json(&s, &grant))
 }
 
-/// `{"spaces":[…],"as_of"}`: the spaces `grant` may read.
+/// `{"spaces":[…],"as_of","hierarchy_as_of"}`: the spaces `grant` may read.
 pub(crate) fn spaces_json(s: &Shared, grant: &Grant) -> serde_json::Value {
     let views = s.views();
     let spaces = views
@@ -232,9 +236,11 @@ pub(crate) fn spaces_json(s: &Shared, grant: &Grant) -> serde_json::Value {
             merged_events: v.groups.iter().filter(|(e, g)| e != g).count(),
             topics: v.topic_of.values().collect::<std::collections::HashSet<_>>().len(),
             as_of: views.as_of,
+            hierarchy_as_of: views.hierarchy_as_of,
         })
         .collect();
-    serde_json::to_value(crate::openapi::Spaces { spaces, as_of: views.as_of }).unwrap_or_default()
+    let (as_of, hierarchy_as_of) = (views.as_of, views.hierarchy_as_of);
+    serde_json::to_value(crate::openapi::Spaces { spaces, as_of, hierarchy_as_of }).unwrap_or_default()
 }
 
 /// Rejected inputs (admin scope): those of the token's spaces; a token over every space also sees the ones no space
@@ -476,6 +482,33 @@ pub(crate) async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppE
     }
 }
 
+/// [`wait_for`], then until the hierarchy (which follows layer 0 on a thread of its own) holds what layer 0 then
+/// does, within the same `query.max-wait`.
+pub(crate) async fn wait_for_hierarchy(s: &Shared, after: Option<&str>) -> Result<(), AppError> {
+    if after.is_none() {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    wait_for(s, after).await?;
+    let Some(epoch) = s.as_of() else { return Ok(()) };
+    let wait = s.config.query.max_wait.saturating_sub(started.elapsed());
+    let mut rx = s.watch_hierarchy_as_of();
+    let reached = tokio::time::timeout(wait, rx.wait_for(|h| h.is_some_and(|h| h >= epoch))).await.map(|r| r.is_ok());
+    match reached {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the engine is stopping")),
+        Err(_) => Err(AppError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "the hierarchy did not reach epoch {epoch} within {:?} (as of {:?})",
+                s.config.query.max_wait,
+                s.hierarchy_as_of()
+            ),
+        )),
+    }
+}
+
 #[utoipa::path(post, path = "/v1/spaces/{space}/query", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
     request_body = QueryRequest,
     responses((status = 200, description = "evidence within the budget, the trace, and with a model the answer", body = QueryResponse),
@@ -512,7 +545,7 @@ pub(crate) async fn run_query(
 }
 
 #[utoipa::path(get, path = "/v1/spaces/{space}/nodes/{id}", tag = "memory",
-    params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("id" = String, Path, description = "a chunk or turn id, a cluster `L<layer>:…`, an event `E:…` or a topic `T:…`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
+    params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("id" = String, Path, description = "a chunk or turn id, a cluster `L<layer>:…`, an event `E:…` or a topic `T:…`"), ("after" = Option<String>, Query, description = "wait until the views, their hierarchy included, hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
     responses((status = 200, description = "the node with its links (fields by kind)", body = serde_json::Value),
               (status = 404, description = "no such space or node", body = ErrorBody), (status = 401, description = "no token, or an unknown one", body = ErrorBody), (status = 403, description = "the token does not reach the space", body = ErrorBody)))]
 async fn node(
@@ -522,7 +555,8 @@ async fn node(
     Query(params): Query<AfterParam>,
 ) -> Result<Json<serde_json::Value>, AppError> {
     grant.require(Scope::Read, &space)?;
-    wait_for(&s, params.after.as_deref()).await?;
+    // A node's parents and a cluster's members are the hierarchy's.
+    wait_for_hierarchy(&s, params.after.as_deref()).await?;
     Ok(Json(node_json(&s, &space, &id)?))
 }
 
@@ -650,7 +684,7 @@ struct Page {
     offset: Option<usize>,
     /// How many entries (default 100, at most 1000).
     limit: Option<usize>,
-    /// Wait until the views hold this receipt or Kafka position.
+    /// Wait until the views hold this receipt or Kafka position (for a layer ≥ 1, until its hierarchy does too).
     after: Option<String>,
 }
 
@@ -671,7 +705,11 @@ async fn layer(
     grant.require(Scope::Read, &space)?;
     let layer: u32 = layer.parse().map_err(|_| AppError::bad_request(format!("layer `{layer}` is not a number")))?;
     let Query(page) = page.map_err(|e| AppError::bad_request(format!("offset and limit are numbers: {e}")))?;
-    wait_for(&s, page.after.as_deref()).await?;
+    if layer == 0 {
+        wait_for(&s, page.after.as_deref()).await?;
+    } else {
+        wait_for_hierarchy(&s, page.after.as_deref()).await?;
+    }
     let (offset, limit) = (page.offset.unwrap_or(0), page.limit.unwrap_or(100).clamp(1, 1000));
     let views = s.views();
     let view = space_view(&views, &space)?;
@@ -705,7 +743,8 @@ async fn layer(
             .collect();
         (ids.len(), nodes)
     };
-    Ok(Json(crate::openapi::LayerPage { layer, total, offset, nodes, as_of: views.as_of }))
+    let (as_of, hierarchy_as_of) = (views.as_of, views.hierarchy_as_of);
+    Ok(Json(crate::openapi::LayerPage { layer, total, offset, nodes, as_of, hierarchy_as_of }))
 }
 
 /// The clusters waiting for a summary (debouncing, or in flight): the summariser's backlog.

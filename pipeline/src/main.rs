@@ -466,7 +466,7 @@ async fn answer_asks(shared: std::sync::Arc<Shared>, asks: Vec<String>, mode: en
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     if let Some(e) = epoch {
-        let mut rx = shared.watch_as_of();
+        let mut rx = shared.watch_hierarchy_as_of();
         let _ = rx.wait_for(|a| a.is_some_and(|a| a >= e)).await;
     }
     for ask in asks {

@@ -52,6 +52,10 @@ pub struct Metrics {
     /// Changes applied to the views, by kind (node, edge, cluster, layer-edge, summary, event, …) and layer (of the
     /// hierarchy's kinds; "" for the others): how much of the memory an epoch rewrites, and where.
     pub view_updates: IntCounterVec,
+    /// How long each step of the structure (the hierarchy and its summaries, behind layer 0) takes.
+    pub structure_seconds: Histogram,
+    /// Epochs the views' hierarchy is behind their layer 0 (`as_of - hierarchy_as_of`).
+    pub structure_lag_epochs: IntGauge,
 }
 
 impl Metrics {
@@ -163,6 +167,19 @@ impl Metrics {
             &["kind", "layer"],
         )
         .expect("metric");
+        let structure_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "engram_structure_step_seconds",
+                "Time of one step of the structure (the hierarchy and its summaries over what layer 0 handed it)",
+            )
+            .buckets(vec![0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]),
+        )
+        .expect("metric");
+        let structure_lag_epochs = IntGauge::new(
+            "engram_structure_lag_epochs",
+            "Epochs the views' hierarchy is behind their layer 0 and events",
+        )
+        .expect("metric");
         let llm = connectors::openai::LlmMetrics::new(&registry).expect("LLM metrics");
         let embedder_requests = connectors::openai::LlmMetrics::with_prefix(&registry, "engram_embedder", "Embedding")
             .expect("embedder metrics");
@@ -196,6 +213,8 @@ impl Metrics {
             Box::new(unauthorized.clone()),
             Box::new(input_log_failures.clone()),
             Box::new(view_updates.clone()),
+            Box::new(structure_seconds.clone()),
+            Box::new(structure_lag_epochs.clone()),
         ] {
             registry.register(m).expect("register metric");
         }
@@ -215,6 +234,8 @@ impl Metrics {
             unauthorized,
             input_log_failures,
             view_updates,
+            structure_seconds,
+            structure_lag_epochs,
             clusters,
             summary_backlog,
             summaries_reused,
@@ -283,6 +304,8 @@ impl Metrics {
             Box::new(self.unauthorized.clone()),
             Box::new(self.input_log_failures.clone()),
             Box::new(self.view_updates.clone()),
+            Box::new(self.structure_seconds.clone()),
+            Box::new(self.structure_lag_epochs.clone()),
             Box::new(self.embedder.texts.clone()),
             Box::new(self.embedder.batch_seconds.clone()),
             Box::new(self.embedder.cached.clone()),

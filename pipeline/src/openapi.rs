@@ -74,7 +74,10 @@ pub struct Rejected {
 #[derive(Serialize, ToSchema)]
 pub struct Spaces {
     pub spaces: Vec<SpaceStats>,
+    /// The last epoch whose layer 0 and events the views reflect.
     pub as_of: Option<u64>,
+    /// The last epoch whose hierarchy and summaries the views reflect (they follow layer 0: at most `as_of`).
+    pub hierarchy_as_of: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -91,6 +94,7 @@ pub struct SpaceStats {
     pub merged_events: usize,
     pub topics: usize,
     pub as_of: Option<u64>,
+    pub hierarchy_as_of: Option<u64>,
 }
 
 /// What `GET /v1/spaces/{space}/layers/{layer}` answers.
@@ -102,6 +106,7 @@ pub struct LayerPage {
     pub offset: usize,
     pub nodes: Vec<LayerNode>,
     pub as_of: Option<u64>,
+    pub hierarchy_as_of: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -120,8 +125,10 @@ pub struct Health {
     pub status: String,
     /// Why the engine failed.
     pub reason: Option<String>,
-    /// The last epoch the views reflect.
+    /// The last epoch whose layer 0 and events the views reflect.
     pub as_of: Option<u64>,
+    /// The last epoch whose hierarchy and summaries the views reflect (at most `as_of`).
+    pub hierarchy_as_of: Option<u64>,
 }
 
 /// What `GET /v1/errors` answers.

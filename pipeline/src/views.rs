@@ -1,5 +1,6 @@
 //! Materialised, read-optimised views of the dataflow's output, per space, which the HTTP server reads while the
-//! dataflow runs. Each reflects a whole number of epochs: `as_of` is the last epoch fully applied.
+//! dataflow runs. Each reflects a whole number of epochs: `as_of` is the last epoch whose layer 0 and event memory
+//! are fully applied, `hierarchy_as_of` the last whose hierarchy and summaries are (never ahead of `as_of`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -49,6 +50,18 @@ impl ViewUpdate {
             _ => return "",
         };
         LAYERS[l.min(LAYERS.len() - 1)]
+    }
+
+    /// Whether the change is the structure's (the hierarchy's clusters, their edges and summaries, and the
+    /// requests for those summaries), which the structure's own dataflow makes.
+    pub fn is_structure(&self) -> bool {
+        matches!(
+            self,
+            ViewUpdate::Cluster(..)
+                | ViewUpdate::LayerEdge(..)
+                | ViewUpdate::Summary(..)
+                | ViewUpdate::Request(_, _, ModelRequest::Summary { .. })
+        )
     }
 
     /// The kind of change, as `engram_view_updates_total` labels it.
@@ -402,8 +415,10 @@ const RECENT_ERRORS: usize = 100;
 
 #[derive(Default)]
 pub struct Views {
-    /// The last epoch whose every update is applied; `None` before the first.
+    /// The last epoch whose layer 0 and event memory are applied; `None` before the first.
     pub as_of: Option<u64>,
+    /// The last epoch whose hierarchy and summaries are applied (at most `as_of`).
+    pub hierarchy_as_of: Option<u64>,
     pub spaces: BTreeMap<String, SpaceView>,
     /// When a space's layer-0 nodes are indexed for retrieval, and how.
     pub ann: crate::ann::AnnParams,
@@ -587,10 +602,11 @@ impl Views {
         (updates, vectors)
     }
 
-    /// Builds the views of a checkpoint ([`Views::snapshot`]) at `as_of`, with its rejects.
+    /// Builds the views of a checkpoint ([`Views::snapshot`]) at `as_of` (its hierarchy at `hierarchy_as_of`), with
+    /// its rejects.
     pub fn restore(
         &mut self,
-        as_of: u64,
+        (as_of, hierarchy_as_of): (u64, Option<u64>),
         updates: Vec<ViewUpdate>,
         vectors: Vec<(String, Embedding)>,
         errors_total: u64,
@@ -600,6 +616,7 @@ impl Views {
         let embed = |text: &str| vectors.get(text).cloned().unwrap_or_default();
         self.apply_consolidated(updates.into_iter().map(|u| (u, 1)).collect(), &embed);
         self.as_of = Some(as_of);
+        self.hierarchy_as_of = hierarchy_as_of;
         self.errors_total = errors_total;
         self.recent_errors = recent_errors;
     }

@@ -200,7 +200,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             let q = &p.json["query_ms"];
             println!(
                 "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} KB/chunk={:<6.1} events={} rel/event={:.1} \
-                 p95 ms flat={:.1} pg={:.1} compass={:.1}  freshness p95 ms={:.0}",
+                 p95 ms flat={:.1} pg={:.1} compass={:.1}  freshness p95 ms={:.0} (hierarchy {:.0})",
                 p.json["size"],
                 p.json["chunks_per_second"].as_f64().unwrap_or(0.0),
                 p.json["hnsw_rs_chunks_per_second"].as_f64().unwrap_or(0.0),
@@ -212,6 +212,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
                 q["prune-and-grow"]["p95"].as_f64().unwrap_or(0.0),
                 q["compass"]["p95"].as_f64().unwrap_or(0.0),
                 p.json["freshness_ms"]["p95"].as_f64().unwrap_or(0.0),
+                p.json["freshness_ms"]["hierarchy"]["p95"].as_f64().unwrap_or(0.0),
             );
         }
     }
@@ -300,7 +301,8 @@ fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, 
 }
 
 /// Streams `rate` records a second for `seconds` into the space and measures each record's time from receipt
-/// (queued) to the views reflecting its epoch: p50, p95, max (ms).
+/// (queued) to the views reflecting its epoch (`as_of`: layer 0 and events): p50, p95, max (ms); and the same to
+/// the hierarchy reflecting it (`hierarchy_as_of`).
 fn freshness(
     shared: &Shared,
     corpus: &mut Corpus,
@@ -328,9 +330,11 @@ fn freshness(
     let before = changes();
     let started = Instant::now();
     let mut waiting: VecDeque<(u64, Instant)> = VecDeque::new();
+    let mut waiting_hierarchy: VecDeque<(u64, Instant)> = VecDeque::new();
     let mut ms = Vec::new();
+    let mut hierarchy_ms = Vec::new();
     let mut sent = 0;
-    while sent < total || !waiting.is_empty() {
+    while sent < total || !waiting.is_empty() || !waiting_hierarchy.is_empty() {
         let due = started + Duration::from_secs_f64(sent as f64 / rate);
         if sent < total && Instant::now() >= due {
             let Some(v) = corpus.next() else { break };
@@ -338,15 +342,24 @@ fn freshness(
             fed.push(r.clone());
             let epoch = shared.queue_records(vec![r]);
             waiting.push_back((epoch, Instant::now()));
+            waiting_hierarchy.push_back((epoch, Instant::now()));
             sent += 1;
         }
-        let as_of = shared.as_of();
-        while waiting.front().is_some_and(|(e, _)| as_of.is_some_and(|a| a >= *e)) {
-            let (_, t) = waiting.pop_front().expect("front");
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        for (queue, at, out) in [
+            (&mut waiting, shared.as_of(), &mut ms),
+            (&mut waiting_hierarchy, shared.hierarchy_as_of(), &mut hierarchy_ms),
+        ] {
+            while queue.front().is_some_and(|(e, _)| at.is_some_and(|a| a >= *e)) {
+                let (_, t) = queue.pop_front().expect("front");
+                out.push(t.elapsed().as_secs_f64() * 1e3);
+            }
         }
         if started.elapsed() > Duration::from_secs_f64(seconds + 120.0) {
-            eprintln!("warning: {} streamed records not in the views two minutes on", waiting.len());
+            eprintln!(
+                "warning: {} streamed records not in the views, {} not in the hierarchy, two minutes on",
+                waiting.len(),
+                waiting_hierarchy.len()
+            );
             break;
         }
         std::thread::sleep(Duration::from_micros(500));
@@ -362,6 +375,9 @@ fn freshness(
         .filter(|(_, v)| v.as_f64() != Some(0.0))
         .collect();
     ms.sort_by(f64::total_cmp);
+    hierarchy_ms.sort_by(f64::total_cmp);
+    let hierarchy = json!({"p50": percentile(&hierarchy_ms, 0.5), "p95": percentile(&hierarchy_ms, 0.95),
+                           "max": hierarchy_ms.last().copied().unwrap_or(0.0)});
     Ok(json!({"records": ms.len(), "p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95),
-              "max": ms.last().copied().unwrap_or(0.0), "view_updates_per_record": per_record}))
+              "max": ms.last().copied().unwrap_or(0.0), "hierarchy": hierarchy, "view_updates_per_record": per_record}))
 }

@@ -5,6 +5,8 @@
 //! a fingerprint of the configuration the memory depends on. The memory at `E` is a function of the records logged
 //! at epochs up to `E` and of those replies, so a restart feeds exactly them at epoch `E` — their updates are what
 //! the checkpoint already holds, and the views sink drops them — and everything after at `E + 1`, applied as usual.
+//! The hierarchy runs behind layer 0 (see `structure.rs`): a checkpoint holds it as of its own epoch, served at
+//! restart until the structure's first step replaces it whole.
 //! The file is `DATA_DIR/checkpoint.bin`: a magic line, the bincode body, and the body's BLAKE3 hash; written aside,
 //! fsync'd, renamed over the last one, the directory fsync'd. A checkpoint that does not read, whose hash or
 //! fingerprint does not match, or that is ahead of the logs (a lost log) is ignored with a warning: the restart
@@ -21,13 +23,15 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::views::{ViewUpdate, Views};
 
-const MAGIC: &[u8] = b"engram checkpoint 1\n";
+const MAGIC: &[u8] = b"engram checkpoint 2\n";
 
 /// The views at an epoch, and what the dataflow had been fed by then.
 #[derive(Serialize, Deserialize)]
 pub(super) struct Checkpoint {
     pub fingerprint: String,
     pub epoch: u64,
+    /// The epoch the checkpoint's hierarchy reflects (the structure runs behind layer 0: at most `epoch`).
+    pub hierarchy_epoch: Option<u64>,
     /// The model's replies fed by `epoch`: the first this many of the response log's dataflow replies.
     pub replies: u64,
     /// The input log's records fed by `epoch`: a log that holds another number up to `epoch` is not the one this
@@ -48,6 +52,7 @@ impl Checkpoint {
         Some(Checkpoint {
             fingerprint: fingerprint(config),
             epoch,
+            hierarchy_epoch: views.hierarchy_as_of,
             replies,
             records,
             errors_total: views.errors_total,
@@ -60,7 +65,7 @@ impl Checkpoint {
     /// Builds `views` from the checkpoint.
     pub fn restore(self, views: &mut Views) {
         let errors: VecDeque<ErrorRow> = self.errors.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
-        views.restore(self.epoch, self.updates, self.vectors, self.errors_total, errors);
+        views.restore((self.epoch, self.hierarchy_epoch), self.updates, self.vectors, self.errors_total, errors);
     }
 
     /// Writes the checkpoint to `path`, replacing the last one only once this one is whole and durable.

@@ -11,6 +11,7 @@ use timely::worker::Worker;
 
 use super::sink::{build_dataflow, Inputs};
 use super::state::{Item, Shared};
+use super::structure::StructureInput;
 
 /// The clock message that tells the other drivers to finish.
 pub(super) const CLOCK_STOP: u64 = u64::MAX;
@@ -31,12 +32,14 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     // The highest position fed per source (retracted when a higher one is fed).
     let mut fed: HashMap<String, u64> = HashMap::new();
     let mut as_of: Option<u64> = None;
+    // The model's replies go to the structure too (on the leading process).
+    let structure = shared.structure_sender();
     // A restart from a checkpoint: what the checkpoint holds, at its epoch, before anything else.
     let prefix = shared.prefix.lock().expect("prefix lock").take();
     if let Some((epoch, items)) = prefix {
         inputs.advance_to(epoch);
         let (replies, records) = counts(&items);
-        feed(&mut inputs, &mut ingestor, &mut fed, items);
+        feed(&mut inputs, &mut ingestor, &mut fed, items, structure.as_ref());
         shared.fed(epoch, replies, records);
         shared.closed_epoch(epoch);
     }
@@ -53,7 +56,7 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
             inputs.advance_to(epoch);
             let n = items.len();
             let (replies, records) = counts(&items);
-            feed(&mut inputs, &mut ingestor, &mut fed, items);
+            feed(&mut inputs, &mut ingestor, &mut fed, items, structure.as_ref());
             shared.fed(epoch, replies, records);
             if cluster {
                 inputs.clock.send(next);
@@ -99,9 +102,16 @@ fn counts(items: &[Item]) -> (u64, u64) {
     (replies, records)
 }
 
-/// Feeds one epoch's items: records as node deltas, rejects as error rows, logged replies, and each source's
-/// highest position (retracting the one fed before it).
-fn feed(inputs: &mut Inputs, ingestor: &mut Ingestor, fed: &mut HashMap<String, u64>, items: Vec<Item>) {
+/// Feeds one epoch's items: records as node deltas, rejects as error rows, logged replies (to the structure too),
+/// and each source's highest position (retracting the one fed before it).
+fn feed(
+    inputs: &mut Inputs,
+    ingestor: &mut Ingestor,
+    fed: &mut HashMap<String, u64>,
+    items: Vec<Item>,
+    structure: Option<&std::sync::mpsc::Sender<StructureInput>>,
+) {
+    let mut replies = Vec::new();
     for item in items {
         match item {
             Item::Record(r) => {
@@ -110,7 +120,12 @@ fn feed(inputs: &mut Inputs, ingestor: &mut Ingestor, fed: &mut HashMap<String, 
                 }
             }
             Item::Reject(row) => inputs.errors.update(row, 1),
-            Item::Summary(space, hash, text) => inputs.summaries.update(((space, hash), text), 1),
+            Item::Summary(space, hash, text) => {
+                if structure.is_some() {
+                    replies.push(((space.clone(), hash.clone()), text.clone()));
+                }
+                inputs.summaries.update(((space, hash), text), 1)
+            }
             Item::Position(source, offset) => {
                 let before = fed.get(&source).copied();
                 if before.is_none_or(|b| offset > b) {
@@ -122,5 +137,9 @@ fn feed(inputs: &mut Inputs, ingestor: &mut Ingestor, fed: &mut HashMap<String, 
                 }
             }
         }
+    }
+    if let Some(tx) = structure.filter(|_| !replies.is_empty()) {
+        // A closed structure (the engine is stopping or failed) takes nothing more.
+        let _ = tx.send(StructureInput::Replies(replies));
     }
 }

@@ -8,7 +8,7 @@
 //! inputs at once.
 //!
 //! **A cluster** (`-n` processes): every process reads its share of the Kafka partitions into its own input log and
-//! queue; process 0 alone reads files, serves HTTP and runs the summariser. The drivers keep one clock: each
+//! queue; process 0 alone reads files, serves HTTP and runs the summariser and the structure. The drivers keep one clock: each
 //! broadcasts the epoch it opens, and a driver that sees a later epoch closes its own open epoch and moves to it, so
 //! the frontier (the least epoch any driver may still feed) keeps up with the busiest process. The views (on worker
 //! 0) hold a capability for every epoch they have not yet applied; a probe on them tells every process what the views
@@ -21,7 +21,8 @@
 //! | `ingest.rs` | the ingest queue (HTTP and sources, logged first) and the epoch clock |
 //! | `sources.rs` | source threads |
 //! | `driver.rs` | the worker loop that turns the queue into epochs |
-//! | `sink.rs` | the dataflow's inputs, the memory wired over them, the views sink |
+//! | `sink.rs` | the dataflow's inputs, the memory's fresh part wired over them, the views sink |
+//! | `structure.rs` | the hierarchy and its summaries, a dataflow on a thread of its own behind layer 0 |
 //! | `summarizer.rs` | the model requests served, logged and fed back |
 //! | `checkpoint.rs` | checkpoints of the views, and a restart that serves one while the dataflow rebuilds |
 //! | `guide.rs` | the model at query time, logged |
@@ -35,6 +36,7 @@ mod models;
 mod sink;
 mod sources;
 mod state;
+mod structure;
 mod summarizer;
 
 use std::sync::Arc;
@@ -53,13 +55,20 @@ pub struct Engine {
     shared: Arc<Shared>,
     sources: Vec<JoinHandle<()>>,
     summarizer: Option<JoinHandle<()>>,
+    structure: Option<JoinHandle<()>>,
     workers: Option<timely::communication::WorkerGuards<()>>,
 }
 
 impl Engine {
     /// Opens the data directory (the logs replayed into the ingest queue); nothing runs yet.
     pub fn open(config: Config, place: Place) -> anyhow::Result<Engine> {
-        Ok(Engine { shared: Shared::open(config, place)?, sources: Vec::new(), summarizer: None, workers: None })
+        Ok(Engine {
+            shared: Shared::open(config, place)?,
+            sources: Vec::new(),
+            summarizer: None,
+            structure: None,
+            workers: None,
+        })
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -71,10 +80,13 @@ impl Engine {
         self.sources.push(sources::spawn_source(self.shared.clone(), source, kind));
     }
 
-    /// Starts the timely workers and, on the leading process, the summariser.
+    /// Starts the timely workers and, on the leading process, the summariser and the structure.
     pub fn start(&mut self, timely: timely::Config) -> anyhow::Result<()> {
         if self.shared.place.leads() {
             self.summarizer = Some(summarizer::spawn_summarizer(self.shared.clone()));
+        }
+        if let Some(rx) = self.shared.structure_rx.lock().expect("structure lock").take() {
+            self.structure = Some(structure::spawn_structure(self.shared.clone(), rx));
         }
         let shared = self.shared.clone();
         let guards = timely::execute(timely, move |worker| {
@@ -102,8 +114,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Stops cleanly: the sources stop reading, the open epoch is fed, the workers and the summariser finish, the
-    /// output topics are flushed.
+    /// Stops cleanly: the sources stop reading, the open epoch is fed, the workers, the summariser and the
+    /// structure finish, the output topics are flushed.
     pub fn stop(mut self) -> anyhow::Result<()> {
         self.shared.stop();
         for s in self.sources.drain(..) {
@@ -113,6 +125,10 @@ impl Engine {
             let _ = s.join();
         }
         self.join_workers()?;
+        self.shared.close_structure();
+        if let Some(s) = self.structure.take() {
+            let _ = s.join();
+        }
         self.shared.final_checkpoint();
         self.shared.outputs.flush();
         tracing::info!(as_of = ?self.shared.as_of(), "stopped");

@@ -1,5 +1,6 @@
-//! The dataflow of one worker: its inputs, the memory wired over them, and the views sink that applies the memory's
-//! output to the views the HTTP server reads.
+//! The dataflow of one worker: its inputs, the memory's fresh part wired over them (layer 0 and the event memory),
+//! and the views sink that applies its output to the views the HTTP server reads and hands layer 0's changes to the
+//! structure (`structure.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use differential_dataflow::input::{Input, InputSession};
 use differential_dataflow::VecCollection;
 use operators::events::{RelationBounds, SegmentParams};
-use operators::memory::{memory, MemoryParams};
+use operators::memory::{fresh, MemoryParams};
 use operators::model::ErrorRow;
 use operators::{Embedding, Node};
 use timely::dataflow::channels::pact::Exchange;
@@ -16,6 +17,7 @@ use timely::dataflow::operators::Inspect;
 use timely::worker::Worker;
 
 use super::state::Shared;
+use super::structure::StructureInput;
 use crate::config::Config;
 use crate::views::{texts_to_embed, ViewUpdate};
 
@@ -55,8 +57,8 @@ impl Inputs {
     }
 }
 
-/// Builds the dataflow on one worker: the memory ([`operators::memory::memory`]) over the nodes and logged replies,
-/// and everything it outputs → the views (on worker 0).
+/// Builds the dataflow on one worker: the memory's fresh part ([`operators::memory::fresh`]) over the nodes and
+/// logged replies, and everything it outputs → the views (on worker 0).
 pub(super) fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
     let params = memory_params(&shared.config);
     let index = worker.index();
@@ -68,15 +70,12 @@ pub(super) fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs
         let (clock_input, clock) = timely::dataflow::operators::vec::Input::new_input::<u64>(&scope);
         let seen = shared.clone();
         timely::dataflow::operators::vec::Broadcast::broadcast(clock).inspect(move |e| seen.see_clock(*e));
-        let m = memory(nodes, logged, shared.embedder.clone(), &params);
+        let m = fresh(nodes, logged, shared.embedder.clone(), &params);
         let updates = m
             .nodes
             .map(|(s, n, e)| ViewUpdate::Node(s, n, e))
             .concat(m.edges.map(ViewUpdate::Edge))
             .concat(errors.map(ViewUpdate::Error))
-            .concat(m.clusters.map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m)))
-            .concat(m.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
-            .concat(m.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
             .concat(m.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, r)))
             .concat(m.events.map(|(s, e)| ViewUpdate::Event(s, e)))
             .concat(m.relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
@@ -113,15 +112,15 @@ pub fn memory_params(config: &Config) -> MemoryParams {
     }
 }
 
-/// The views sink: applies each epoch's updates to the views (on worker 0) once the frontier has passed it, and
-/// holds a capability for every epoch not yet applied, so the returned probe sees an epoch only once the views
-/// hold it.
+/// The views sink: applies each epoch's updates to the views (on worker 0) once the frontier has passed it, hands
+/// layer 0's changes to the structure, and holds a capability for every epoch not yet applied, so the returned probe
+/// sees an epoch only once the views hold it.
 fn views_sink<'s>(
     updates: VecCollection<'s, u64, ViewUpdate>,
     index: usize,
     shared: Arc<Shared>,
 ) -> timely::dataflow::operators::probe::Handle<u64> {
-    let embedder = shared.embedder.clone();
+    let structure = if index == 0 { shared.structure_sender() } else { None };
     let mut pending: BTreeMap<u64, Vec<(ViewUpdate, isize)>> = BTreeMap::new();
     // A capability per epoch not yet applied: the probe below sees an epoch only once the views hold it.
     let mut held: BTreeMap<u64, timely::dataflow::operators::Capability<u64>> = BTreeMap::new();
@@ -164,58 +163,34 @@ fn views_sink<'s>(
                     held.retain(|t, _| lower.is_some_and(|f| *t >= f));
                     return;
                 }
-                // The change topic is sent and summaries and events are embedded before the views are locked: a
-                // slow endpoint holds up no reader.
                 let mut batches = Vec::with_capacity(ready.len());
+                let mut layer0 = Layer0::default();
                 for t in ready {
                     let mut updates = pending.remove(&t).expect("ready time");
+                    differential_dataflow::consolidation::consolidate(&mut updates);
+                    if structure.is_some() {
+                        layer0.take(&updates);
+                    }
                     if shared.restored_through.is_some_and(|e| t <= e) {
                         // The views started from a checkpoint that holds this epoch.
                         continue;
                     }
-                    differential_dataflow::consolidation::consolidate(&mut updates);
-                    let mut kinds: Vec<((&'static str, &'static str), u64)> = Vec::new();
-                    for (u, _) in &updates {
-                        let k = (u.kind(), u.layer());
-                        match kinds.iter_mut().find(|x| x.0 == k) {
-                            Some(x) => x.1 += 1,
-                            None => kinds.push((k, 1)),
-                        }
-                    }
-                    for ((kind, layer), n) in kinds {
-                        shared.metrics.view_updates.with_label_values(&[kind, layer]).inc_by(n);
-                    }
-                    if shared.outputs.wants_changes() {
-                        shared.outputs.changes(t, &updates);
-                    }
-                    batches.push(updates);
+                    batches.push((t, updates));
                 }
-                let embedded: HashMap<String, Embedding> = batches
-                    .iter()
-                    .flat_map(|updates| texts_to_embed(updates))
-                    .map(|text| {
-                        let e = embedder.embed(&text);
-                        (text, e)
-                    })
-                    .collect();
-                let embed = |text: &str| embedded.get(text).cloned().unwrap_or_else(|| embedder.embed(text));
-                {
-                    let mut views = shared.views.write().expect("views lock");
-                    for updates in batches {
-                        views.apply_consolidated(updates, &embed);
-                    }
-                    views.as_of = as_of.max(views.as_of);
-                    shared.metrics.nodes.set(views.node_count() as i64);
-                    shared.metrics.edges.set(views.edge_count() as i64);
-                    shared.metrics.spaces.set(views.spaces.len() as i64);
-                    shared.metrics.clusters.set(views.cluster_count() as i64);
-                    shared.metrics.summary_backlog.set(views.request_count() as i64);
-                }
+                apply_to_views(&shared, batches, |views| views.as_of = as_of.max(views.as_of));
+                let advanced = as_of.max(last_as_of) > last_as_of;
                 last_as_of = as_of.max(last_as_of);
                 if let Some(a) = last_as_of {
                     shared.advanced(a);
                     shared.as_of.send_replace(Some(a));
                     shared.checkpoint_if_due(a);
+                }
+                // After `as_of` is published: the hierarchy is never ahead of it.
+                if let (Some(tx), Some(through)) = (&structure, last_as_of) {
+                    if advanced || !layer0.is_empty() {
+                        // A closed structure (the engine is stopping or failed) takes nothing more.
+                        let _ = tx.send(StructureInput::Layer0 { through, texts: layer0.texts, edges: layer0.edges });
+                    }
                 }
                 // Everything below the frontier is applied.
                 held.retain(|t, _| lower.is_some_and(|f| *t >= f));
@@ -224,4 +199,74 @@ fn views_sink<'s>(
     );
     let (views, _) = timely::dataflow::operators::probe::Probe::probe(applied);
     views
+}
+
+/// Layer 0's consolidated changes, as the structure takes them.
+#[derive(Default)]
+struct Layer0 {
+    texts: Vec<(((String, String), String), isize)>,
+    edges: Vec<((String, String, String, u64), isize)>,
+}
+
+impl Layer0 {
+    fn take(&mut self, updates: &[(ViewUpdate, isize)]) {
+        for (u, d) in updates {
+            match u {
+                ViewUpdate::Node(s, n, _) => self.texts.push((((s.clone(), n.id.clone()), n.text.clone()), *d)),
+                ViewUpdate::Edge(e) => {
+                    self.edges.push(((e.space.clone(), e.u.clone(), e.v.clone(), u64::from(e.weight_micro)), *d))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.texts.is_empty() && self.edges.is_empty()
+    }
+}
+
+/// Applies epochs of consolidated updates to the views, then `then` under the same lock: the change topic is sent
+/// and summaries and events are embedded before the views are locked, so a slow endpoint holds up no reader.
+pub(super) fn apply_to_views(
+    shared: &Shared,
+    batches: Vec<(u64, Vec<(ViewUpdate, isize)>)>,
+    then: impl FnOnce(&mut crate::views::Views),
+) {
+    for (t, updates) in &batches {
+        let mut kinds: Vec<((&'static str, &'static str), u64)> = Vec::new();
+        for (u, _) in updates {
+            let k = (u.kind(), u.layer());
+            match kinds.iter_mut().find(|x| x.0 == k) {
+                Some(x) => x.1 += 1,
+                None => kinds.push((k, 1)),
+            }
+        }
+        for ((kind, layer), n) in kinds {
+            shared.metrics.view_updates.with_label_values(&[kind, layer]).inc_by(n);
+        }
+        if shared.outputs.wants_changes() {
+            shared.outputs.changes(*t, updates);
+        }
+    }
+    let embedder = &shared.embedder;
+    let embedded: HashMap<String, Embedding> = batches
+        .iter()
+        .flat_map(|(_, updates)| texts_to_embed(updates))
+        .map(|text| {
+            let e = embedder.embed(&text);
+            (text, e)
+        })
+        .collect();
+    let embed = |text: &str| embedded.get(text).cloned().unwrap_or_else(|| embedder.embed(text));
+    let mut views = shared.views.write().expect("views lock");
+    for (_, updates) in batches {
+        views.apply_consolidated(updates, &embed);
+    }
+    then(&mut views);
+    shared.metrics.nodes.set(views.node_count() as i64);
+    shared.metrics.edges.set(views.edge_count() as i64);
+    shared.metrics.spaces.set(views.spaces.len() as i64);
+    shared.metrics.clusters.set(views.cluster_count() as i64);
+    shared.metrics.summary_backlog.set(views.request_count() as i64);
 }

@@ -71,8 +71,14 @@ pub struct Shared {
     pub(super) queue: Mutex<Queue>,
     /// What the dataflow has produced, as of `as_of`; written by the views sink alone.
     pub(super) views: RwLock<Views>,
-    /// The last epoch the views reflect in full.
+    /// The last epoch whose layer 0 and events the views reflect.
     pub(super) as_of: watch::Sender<Option<u64>>,
+    /// The last epoch whose hierarchy and summaries the views reflect (at most `as_of`).
+    pub(super) hierarchy_as_of: watch::Sender<Option<u64>>,
+    /// Into the structure (on the leading process; dropped at stop, which ends the structure's thread), and the end
+    /// its thread takes at start.
+    structure: Mutex<Option<std::sync::mpsc::Sender<super::structure::StructureInput>>>,
+    pub(super) structure_rx: Mutex<Option<std::sync::mpsc::Receiver<super::structure::StructureInput>>>,
     pub metrics: Metrics,
     shutdown: AtomicBool,
     /// Why the engine cannot go on (a worker or the summariser died): served by /healthz, and the process exits.
@@ -236,6 +242,14 @@ impl Shared {
         };
         items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));
         as_of.send_replace(restored_through);
+        let (hierarchy_as_of, _) = watch::channel(views.hierarchy_as_of);
+        let (structure_tx, structure_rx) = match place.leads() {
+            true => {
+                let (tx, rx) = super::structure::channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         let opened = (!items.is_empty()).then(Instant::now);
         let outputs = crate::outputs::Outputs::open(&config.kafka, kafka_metrics(&metrics))?;
         Ok(Arc::new(Shared {
@@ -254,6 +268,9 @@ impl Shared {
             checkpoints_allowed: !from_topic_used,
             dir: dir.clone(),
             as_of,
+            hierarchy_as_of,
+            structure: Mutex::new(structure_tx),
+            structure_rx: Mutex::new(structure_rx),
             metrics,
             shutdown: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -317,6 +334,44 @@ impl Shared {
     /// The last epoch the views reflect in full, if any.
     pub fn as_of(&self) -> Option<u64> {
         *self.as_of.borrow()
+    }
+
+    /// The last epoch whose hierarchy and summaries the views reflect, if any.
+    pub fn hierarchy_as_of(&self) -> Option<u64> {
+        *self.hierarchy_as_of.borrow()
+    }
+
+    /// Whether the views reflect `epoch` in full: layer 0 and events, and the hierarchy (on a follower process, which
+    /// has no views, layer 0's frontier alone).
+    pub fn reflects(&self, epoch: u64) -> bool {
+        let reached = |a: Option<u64>| a.is_some_and(|a| a >= epoch);
+        reached(self.as_of()) && (!self.place.leads() || reached(self.hierarchy_as_of()))
+    }
+
+    /// Wakes on every change of [`Shared::hierarchy_as_of`].
+    pub fn watch_hierarchy_as_of(&self) -> watch::Receiver<Option<u64>> {
+        self.hierarchy_as_of.subscribe()
+    }
+
+    /// A sender into the structure (on the leading process, until the engine stops).
+    pub(super) fn structure_sender(&self) -> Option<std::sync::mpsc::Sender<super::structure::StructureInput>> {
+        self.structure.lock().expect("structure lock").clone()
+    }
+
+    /// Lets go of the engine's own sender: once the workers' are gone too, the structure finishes and ends.
+    pub(super) fn close_structure(&self) {
+        self.structure.lock().expect("structure lock").take();
+    }
+
+    /// The structure has applied what layer 0 held at `through`.
+    pub(super) fn structure_advanced(&self, through: Option<u64>) {
+        self.hierarchy_as_of.send_if_modified(|h| {
+            let changed = through > *h;
+            *h = through.max(*h);
+            changed
+        });
+        let lag = self.as_of().zip(through).map_or(0, |(a, h)| a.saturating_sub(h));
+        self.metrics.structure_lag_epochs.set(lag as i64);
     }
 
     /// Wakes on every change of [`Shared::as_of`].

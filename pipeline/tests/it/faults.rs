@@ -49,9 +49,11 @@ async fn state(api: &str, receipt: u64) -> Value {
     loop {
         let (_, h) = get(&format!("{api}/healthz")).await;
         let (_, s) = get(&format!("{api}/v1/spaces")).await;
-        if h["as_of"].as_u64().is_some_and(|a| a >= receipt) && s["spaces"][0]["summaries_pending"] == 0 {
+        let reached = |k: &str| h[k].as_u64().is_some_and(|a| a >= receipt);
+        if reached("as_of") && reached("hierarchy_as_of") && s["spaces"][0]["summaries_pending"] == 0 {
             let mut space = s["spaces"][0].clone();
             space.as_object_mut().unwrap().remove("as_of");
+            space.as_object_mut().unwrap().remove("hierarchy_as_of");
             let (_, l0) = get(&format!("{api}/v1/spaces/f/layers/0?limit=1000")).await;
             let (_, l1) = get(&format!("{api}/v1/spaces/f/layers/1?limit=1000")).await;
             return json!({"space": space, "layer0": l0["nodes"], "layer1": l1["nodes"]});

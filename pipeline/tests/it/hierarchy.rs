@@ -299,3 +299,32 @@ async fn a_grown_cluster_reuses_its_summary_and_a_changed_one_does_not() {
     assert_eq!(metric(&engine, "engram_summaries_reused_total").await, 1.0);
     assert_eq!(metric(&engine, "engram_llm_requests_total").await, 0.0, "no call after the restart");
 }
+
+/// The hierarchy follows layer 0 on a thread of its own: `hierarchy_as_of` is never ahead of `as_of`, and `?after=`
+/// on a layer above 0 or on a node waits for the hierarchy to hold the receipt, not only layer 0.
+#[tokio::test]
+async fn after_a_receipt_the_layers_above_0_wait_for_the_hierarchy() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], ENV);
+    let news = std::fs::read_to_string(example("news.jsonl")).unwrap();
+    let (status, receipt) = post(&format!("{}/v1/spaces/news/records", engine.api), news).await;
+    assert_eq!(status, 200, "{receipt}");
+    let r: u64 = receipt["receipt"].as_str().unwrap().parse().unwrap();
+    let (status, page) = get(&format!("{}/v1/spaces/news/layers/1?after={r}", engine.api)).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page["hierarchy_as_of"].as_u64().is_some_and(|h| h >= r), "{page}");
+    assert!(page["total"].as_u64() > Some(0), "layer 1 holds the receipt's clusters: {page}");
+    // Every cluster of layer 1 is a parent of some layer-0 node, as the node pages say at the same receipt.
+    let first = page["nodes"][0]["id"].as_str().unwrap().to_string();
+    let (status, cluster) = get(&format!("{}/v1/spaces/news/nodes/{first}?after={r}", engine.api)).await;
+    assert_eq!(status, 200, "{cluster}");
+    let child = cluster["children"][0].as_str().expect("a member").replace('#', "%23");
+    let (_, node) = get(&format!("{}/v1/spaces/news/nodes/{child}?after={r}", engine.api)).await;
+    assert!(node["parents"].as_array().unwrap().iter().any(|p| p == first.as_str()), "{node}");
+    for _ in 0..20 {
+        let (_, h) = get(&format!("{}/healthz", engine.admin)).await;
+        let (a, hi) = (h["as_of"].as_u64(), h["hierarchy_as_of"].as_u64());
+        assert!(hi <= a, "the hierarchy is never ahead of layer 0: {h}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -285,6 +285,7 @@ async fn kill_9_mid_stream_gives_the_uninterrupted_memory_and_repeats_no_llm_cal
     let strip = |v: &Value| {
         let mut v = v.clone();
         v.as_object_mut().unwrap().remove("as_of");
+        v.as_object_mut().unwrap().remove("hierarchy_as_of");
         v
     };
     assert_eq!(strip(&interrupted), strip(&uninterrupted));
@@ -374,6 +375,7 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
     let strip = |v: &Value| {
         let mut v = v.clone();
         v.as_object_mut().unwrap().remove("as_of");
+        v.as_object_mut().unwrap().remove("hierarchy_as_of");
         v
     };
     assert_eq!(strip(&got), strip(&want), "two processes build the memory of one");
