@@ -78,9 +78,11 @@ async fn settled(api: &str) -> serde_json::Value {
         let (_, s) = get(&format!("{api}/v1/spaces")).await;
         let spaces = s["spaces"].as_array().cloned().unwrap_or_default();
         let ready = spaces.len() == 2
-            && spaces
-                .iter()
-                .all(|x| x["summaries_pending"] == 0 && x["layers"].as_array().is_some_and(|l| l.len() >= 2));
+            && spaces.iter().all(|x| {
+                x["summaries_pending"] == 0
+                    && x["layers"].as_array().is_some_and(|l| l.len() >= 2)
+                    && x["hierarchy_as_of"] == x["as_of"]
+            });
         if ready {
             return s;
         }

@@ -134,5 +134,8 @@ async fn standup_events_relations_live_turns_and_retraction() {
         assert_eq!(gone["events"], json!([]), "{gone}");
         assert_eq!(gone["relations"], json!([]));
     }
+    // The hierarchy follows: once it holds the receipt, nothing of the space is left.
+    let (status, layer) = get(&format!("{}/v1/spaces/standup/layers/1?after={receipt}", engine.api)).await;
+    assert!(status == 404 || layer["total"] == 0, "{layer}");
     assert!(space(&engine, "standup").await.is_null());
 }

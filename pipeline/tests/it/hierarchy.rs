@@ -13,13 +13,14 @@ fn example(name: &str) -> String {
 const ENV: &[(&str, &str)] =
     &[("ENGRAM__HIERARCHY__SUMMARY_DEBOUNCE", "50ms"), ("ENGRAM__HIERARCHY__SUMMARY_COVERAGE", "0.5")];
 
-/// Waits until `space` has `nodes` nodes, at least one cluster and no summary pending.
+/// Waits until `space` has `nodes` nodes, at least one cluster, no summary pending and its hierarchy as of its layer 0.
 async fn quiet(engine: &Engine, space: &str, nodes: u64) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
         if let Some(s) = spaces["spaces"].as_array().unwrap().iter().find(|s| s["space"] == space) {
-            if s["nodes"] == nodes && s["clusters"].as_u64() > Some(0) && s["summaries_pending"] == 0 {
+            let caught_up = s["hierarchy_as_of"] == s["as_of"];
+            if s["nodes"] == nodes && s["clusters"].as_u64() > Some(0) && s["summaries_pending"] == 0 && caught_up {
                 return s.clone();
             }
         }

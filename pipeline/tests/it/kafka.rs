@@ -223,7 +223,12 @@ async fn settled(engine: &Engine, nodes: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = space(engine, "news").await;
-        if s["nodes"] == nodes && s["summaries_pending"] == 0 && s["layers"].as_array().is_some_and(|l| l.len() >= 2) {
+        let caught_up = s["hierarchy_as_of"] == s["as_of"];
+        if s["nodes"] == nodes
+            && s["summaries_pending"] == 0
+            && s["layers"].as_array().is_some_and(|l| l.len() >= 2)
+            && caught_up
+        {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let again = space(engine, "news").await;
             if again == s {

@@ -175,13 +175,19 @@ pub fn log_rows(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The bundled news example's space once it has settled (59 nodes, three layers or more, no summary pending).
+/// The bundled news example's space once it has settled (59 nodes, three layers or more, no summary pending, the
+/// hierarchy as of layer 0).
 pub async fn settled_news(engine: &Engine) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (_, spaces) = get(&format!("{}/v1/spaces", engine.api)).await;
         if let Some(news) = spaces["spaces"].as_array().and_then(|a| a.iter().find(|s| s["space"] == "news")) {
-            if news["nodes"] == 59 && news["layers"].as_array().unwrap().len() >= 3 && news["summaries_pending"] == 0 {
+            let caught_up = news["hierarchy_as_of"] == news["as_of"];
+            if news["nodes"] == 59
+                && news["layers"].as_array().unwrap().len() >= 3
+                && news["summaries_pending"] == 0
+                && caught_up
+            {
                 return news.clone();
             }
         }
