@@ -471,14 +471,16 @@ pub(crate) async fn wait_for(s: &Shared, after: Option<&str>) -> Result<(), AppE
             (reached, format!("offset {offset} of {source}"))
         }
     };
+    waited(reached, || format!("the views did not reach {what} within {wait:?} (as of {:?})", s.as_of()))
+}
+
+/// A wait's outcome as the API answers it: reached, the engine stopping (503), or `query.max-wait` passed (504,
+/// with `timeout`'s message).
+fn waited<E>(reached: Result<bool, E>, timeout: impl FnOnce() -> String) -> Result<(), AppError> {
     match reached {
         Ok(true) => Ok(()),
         Ok(false) => Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the engine is stopping")),
-        Err(_) => Err(AppError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout",
-            format!("the views did not reach {what} within {wait:?} (as of {:?})", s.as_of()),
-        )),
+        Err(_) => Err(AppError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", timeout())),
     }
 }
 
@@ -494,19 +496,10 @@ pub(crate) async fn wait_for_hierarchy(s: &Shared, after: Option<&str>) -> Resul
     let wait = s.config.query.max_wait.saturating_sub(started.elapsed());
     let mut rx = s.watch_hierarchy_as_of();
     let reached = tokio::time::timeout(wait, rx.wait_for(|h| h.is_some_and(|h| h >= epoch))).await.map(|r| r.is_ok());
-    match reached {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(AppError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the engine is stopping")),
-        Err(_) => Err(AppError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout",
-            format!(
-                "the hierarchy did not reach epoch {epoch} within {:?} (as of {:?})",
-                s.config.query.max_wait,
-                s.hierarchy_as_of()
-            ),
-        )),
-    }
+    waited(reached, || {
+        let (max, at) = (s.config.query.max_wait, s.hierarchy_as_of());
+        format!("the hierarchy did not reach epoch {epoch} within {max:?} (as of {at:?})")
+    })
 }
 
 #[utoipa::path(post, path = "/v1/spaces/{space}/query", tag = "memory", params(("space" = String, Path, description = "the space: ASCII letters, digits, `-`, `_`, `.`"), ("after" = Option<String>, Query, description = "wait until the views hold this receipt or Kafka position TOPIC:PARTITION:OFFSET")),
