@@ -4,6 +4,12 @@
 //!
 //! hnsw_rs cannot delete: a removed or replaced node's slot is tombstoned and filtered out of searches, and the index
 //! is rebuilt from the live nodes when tombstones outnumber them.
+//!
+//! In the engine an index is built aside ([`AnnParams::build_aside`]): the views hand a copy of the space's vectors
+//! to a thread of its own ([`IndexBuild`]), go on applying epochs and serving (a space without its index is read
+//! exactly, an index being rebuilt keeps serving with its tombstones), and take the built index when it is done,
+//! brought up to date with what changed meanwhile ([`NodeAnn::catch_up`]). So neither a space that crosses
+//! `exhaustive-below` nor a restart from a checkpoint waits for an index over the whole space.
 
 use std::collections::HashMap;
 
@@ -22,6 +28,9 @@ pub struct AnnParams {
     /// Over an indexed space, retrieval reads this many nearest nodes by cosine and this many best by BM25, with the
     /// nodes beside each in its document.
     pub candidates: usize,
+    /// Whether indexes are built on a thread of their own ([`IndexBuild`]) rather than within the apply that needs
+    /// them (the engine: a build over a large space takes seconds).
+    pub build_aside: bool,
 }
 
 impl Default for AnnParams {
@@ -32,31 +41,68 @@ impl Default for AnnParams {
             ef_construction: 64,
             ef_search: 64,
             candidates: 256,
+            build_aside: false,
         }
     }
 }
 
-/// A space's index in its view. A copy of the view (what a query that waits on the model reads, so that the views
-/// are not held meanwhile) has none and is read exactly: the copy already costs a pass over the space.
+/// A space's index in its view, and whether one is being built aside for it. A copy of the view (what a query that
+/// waits on the model reads, so that the views are not held meanwhile) has none and is read exactly: the copy already
+/// costs a pass over the space.
 #[derive(Default)]
-pub struct AnnSlot(pub Option<NodeAnn>);
+pub struct AnnSlot {
+    pub index: Option<NodeAnn>,
+    /// An [`IndexBuild`] of this space is out: no second one is started until it is installed.
+    pub building: bool,
+}
 
 impl Clone for AnnSlot {
     fn clone(&self) -> Self {
-        AnnSlot(None)
+        AnnSlot::default()
     }
 }
 
 impl std::ops::Deref for AnnSlot {
     type Target = Option<NodeAnn>;
     fn deref(&self) -> &Self::Target {
-        &self.0
+        &self.index
     }
 }
 
 impl std::ops::DerefMut for AnnSlot {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
+        &mut self.index
+    }
+}
+
+/// An index to build aside: the space, and a copy of its layer-0 vectors (ids sorted) when the build was asked for.
+pub struct IndexBuild {
+    pub space: String,
+    pub params: AnnParams,
+    pub nodes: Vec<(String, Embedding)>,
+}
+
+/// A built index, with the vectors it was built over (to catch up with what changed since).
+pub struct BuiltIndex {
+    pub space: String,
+    pub index: NodeAnn,
+    pub nodes: Vec<(String, Embedding)>,
+}
+
+impl IndexBuild {
+    /// Builds the index, inserting on every core (rayon).
+    pub fn run(self) -> BuiltIndex {
+        let mut index = NodeAnn::empty(&self.params, self.nodes.len());
+        let live: Vec<(usize, &(String, Embedding))> =
+            self.nodes.iter().filter(|(_, e)| !e.is_zero()).enumerate().collect();
+        let data: Vec<(&[Embedding], usize)> =
+            live.iter().map(|(slot, (_, e))| (std::slice::from_ref(e), *slot)).collect();
+        index.hnsw.parallel_insert_slice(&data);
+        for (slot, (id, _)) in live {
+            index.slots.push(Some(id.clone()));
+            index.live.insert(id.clone(), slot);
+        }
+        BuiltIndex { space: self.space, index, nodes: self.nodes }
     }
 }
 
@@ -74,17 +120,48 @@ impl NodeAnn {
     /// An index over `nodes` (id, embedding).
     pub fn build<'a>(params: &AnnParams, nodes: impl Iterator<Item = (&'a String, &'a Embedding)>) -> Self {
         let nodes: Vec<(&String, &Embedding)> = nodes.collect();
-        let mut ann = NodeAnn {
-            hnsw: Hnsw::new(params.max_connections, nodes.len().max(1024), 16, params.ef_construction, UnitCosine),
-            slots: Vec::with_capacity(nodes.len()),
-            live: HashMap::with_capacity(nodes.len()),
-            ef_search: params.ef_search,
-            params: params.clone(),
-        };
+        let mut ann = NodeAnn::empty(params, nodes.len());
         for (id, e) in nodes {
             ann.insert(id, e);
         }
         ann
+    }
+
+    /// An empty index sized for `n` nodes.
+    fn empty(params: &AnnParams, n: usize) -> Self {
+        NodeAnn {
+            hnsw: Hnsw::new(params.max_connections, n.max(1024), 16, params.ef_construction, UnitCosine),
+            slots: Vec::with_capacity(n),
+            live: HashMap::with_capacity(n),
+            ef_search: params.ef_search,
+            params: params.clone(),
+        }
+    }
+
+    /// Brings an index built over `built` (id, vector) up to date with the space's nodes now: what left is
+    /// tombstoned, what changed or came is inserted. Costs a look-up per node, and an insertion per change.
+    pub fn catch_up(&mut self, built: &[(String, Embedding)], now: &HashMap<String, (operators::Node, Embedding)>) {
+        for (id, e) in built {
+            match now.get(id) {
+                Some((_, current)) if same(current, e) => {}
+                Some((_, current)) => self.insert(id, current),
+                None => {
+                    self.remove(id);
+                }
+            }
+        }
+        let before: std::collections::HashSet<&str> = built.iter().map(|(id, _)| id.as_str()).collect();
+        for (id, (_, e)) in now {
+            if !before.contains(id.as_str()) {
+                self.insert(id, e);
+            }
+        }
+    }
+
+    /// Whether tombstones outnumber the living (the index should be rebuilt).
+    pub fn worn(&self) -> bool {
+        let dead = self.slots.len() - self.live.len();
+        dead > 1024 && dead > self.live.len()
     }
 
     pub fn len(&self) -> usize {
@@ -117,8 +194,7 @@ impl NodeAnn {
         if let Some(slot) = self.live.remove(id) {
             self.slots[slot] = None;
         }
-        let dead = self.slots.len() - self.live.len();
-        dead > 1024 && dead > self.live.len()
+        self.worn()
     }
 
     /// The index rebuilt over the live nodes (their embeddings from `embedding`).
@@ -149,6 +225,12 @@ impl NodeAnn {
         out.truncate(k);
         out
     }
+}
+
+/// Whether two vectors are the same: one allocation (the usual case: the views' vector is the one the build copied)
+/// or equal values.
+fn same(a: &Embedding, b: &Embedding) -> bool {
+    std::sync::Arc::ptr_eq(&a.0, &b.0) || a == b
 }
 
 #[cfg(test)]

@@ -313,6 +313,7 @@ impl QueryConfig {
             ef_construction: self.ann_ef_construction,
             ef_search: self.ann_ef_search,
             candidates: self.candidates,
+            build_aside: false,
         }
     }
 }

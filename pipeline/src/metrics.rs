@@ -29,6 +29,8 @@ pub struct Metrics {
     pub checkpoint_epoch: IntGauge,
     pub checkpoint_bytes: IntGauge,
     pub checkpoint_seconds: prometheus::Histogram,
+    /// Time to build a space's nearest-neighbour index aside (the space is read exactly meanwhile).
+    pub index_build_seconds: prometheus::Histogram,
     pub checkpoint_failures: IntCounter,
     /// The epoch of the checkpoint this process started from (-1: it rebuilt from the logs).
     pub checkpoint_restored: IntGauge,
@@ -143,6 +145,14 @@ impl Metrics {
             "Time to write a checkpoint (serialise, write, fsync, rename)",
         ))
         .expect("metric");
+        let index_build_seconds = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "engram_index_build_seconds",
+                "Time to build a space's nearest-neighbour index aside, while the space is read exactly",
+            )
+            .buckets(vec![0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0]),
+        )
+        .expect("metric");
         let checkpoint_failures =
             IntCounter::new("engram_checkpoint_failures_total", "Checkpoints that could not be written")
                 .expect("metric");
@@ -195,6 +205,7 @@ impl Metrics {
             Box::new(checkpoint_epoch.clone()),
             Box::new(checkpoint_bytes.clone()),
             Box::new(checkpoint_seconds.clone()),
+            Box::new(index_build_seconds.clone()),
             Box::new(checkpoint_failures.clone()),
             Box::new(checkpoint_restored.clone()),
             Box::new(checkpoint_rebuilding.clone()),
@@ -244,6 +255,7 @@ impl Metrics {
             checkpoint_epoch,
             checkpoint_bytes,
             checkpoint_seconds,
+            index_build_seconds,
             checkpoint_failures,
             checkpoint_restored,
             checkpoint_rebuilding,

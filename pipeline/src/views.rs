@@ -206,7 +206,9 @@ impl SpaceView {
         };
     }
 
-    fn apply_node(&mut self, node: Node, emb: Embedding, d: isize, ann: &crate::ann::AnnParams) {
+    /// Applies a layer-0 node; returns whether an index build has to be started for the space
+    /// ([`crate::ann::AnnParams::build_aside`]).
+    fn apply_node(&mut self, node: Node, emb: Embedding, d: isize, ann: &crate::ann::AnnParams) -> bool {
         if d > 0 {
             self.lexical.insert(&node.id, &node.text);
             self.order.entry(node.doc.clone()).or_default().insert(node.pos, node.id.clone());
@@ -218,6 +220,9 @@ impl SpaceView {
             }
             self.nodes.insert(node.id.clone(), (node, emb));
             if self.ann.is_none() && self.nodes.len() >= ann.exhaustive_below {
+                if ann.build_aside {
+                    return self.want_index();
+                }
                 *self.ann = Some(crate::ann::NodeAnn::build(ann, self.nodes.iter().map(|(id, (_, e))| (id, e))));
             }
         } else if self.nodes.get(&node.id).is_some_and(|(n, _)| *n == node) {
@@ -243,11 +248,37 @@ impl SpaceView {
             let rebuild = self.ann.as_mut().is_some_and(|a| a.remove(&node.id));
             if self.nodes.len() < ann.exhaustive_below / 2 {
                 *self.ann = None;
+            } else if rebuild && ann.build_aside {
+                // The worn index serves, its tombstones filtered, until the new one is installed.
+                return self.want_index();
             } else if rebuild {
                 let nodes = &self.nodes;
                 *self.ann = self.ann.as_ref().map(|a| a.rebuilt(|id| nodes.get(id).map(|(_, e)| e)));
             }
         }
+        false
+    }
+
+    /// Marks an index build as out for this space; whether one has to be started (none was out).
+    fn want_index(&mut self) -> bool {
+        !std::mem::replace(&mut self.ann.building, true)
+    }
+
+    /// Installs an index built aside over `built`, brought up to date with the nodes now. One built for a space that
+    /// has since shrunk below half of `exhaustive-below` is dropped; one that is worn by the time it is installed
+    /// (more than its size changed meanwhile) is installed, and the next removal asks for another.
+    fn install_index(
+        &mut self,
+        mut index: crate::ann::NodeAnn,
+        built: &[(String, Embedding)],
+        params: &crate::ann::AnnParams,
+    ) {
+        self.ann.building = false;
+        if self.nodes.len() < params.exhaustive_below / 2 {
+            return;
+        }
+        index.catch_up(built, &self.nodes);
+        *self.ann = Some(index);
     }
 
     /// Adds `b` to `a`'s adjacency with weight `w` (replacing its weight there).
@@ -426,6 +457,8 @@ pub struct Views {
     pub recent_errors: VecDeque<ErrorRow>,
     /// Source → the highest offset the views hold.
     pub positions: HashMap<String, u64>,
+    /// Spaces whose index is to be built aside, not yet handed out ([`Views::take_index_builds`]).
+    pub index_builds: BTreeSet<String>,
 }
 
 impl Views {
@@ -459,7 +492,10 @@ impl Views {
             match u {
                 ViewUpdate::Node(space, node, emb) => {
                     moved.insert((space.clone(), node.doc.clone(), node.pos));
-                    self.spaces.entry(space).or_default().apply_node(node, emb, d, &self.ann);
+                    let view = self.spaces.entry(space.clone()).or_default();
+                    if view.apply_node(node, emb, d, &self.ann) {
+                        self.index_builds.insert(space);
+                    }
                 }
                 ViewUpdate::Edge(e) => self.spaces.entry(e.space.clone()).or_default().apply_edge(e, d),
                 ViewUpdate::Cluster(space, layer, c, m) => {
@@ -619,6 +655,31 @@ impl Views {
         self.hierarchy_as_of = hierarchy_as_of;
         self.errors_total = errors_total;
         self.recent_errors = recent_errors;
+    }
+
+    /// The index builds the applied updates asked for, each with a copy of its space's vectors (shared, not copied:
+    /// an `Arc` each), to run off the views' lock ([`crate::ann::IndexBuild::run`]) and install with
+    /// [`Views::install_index`].
+    pub fn take_index_builds(&mut self) -> Vec<crate::ann::IndexBuild> {
+        let spaces = std::mem::take(&mut self.index_builds);
+        spaces
+            .into_iter()
+            .filter_map(|space| {
+                let view = self.spaces.get(&space)?;
+                let mut nodes: Vec<(String, Embedding)> =
+                    view.nodes.iter().map(|(id, (_, e))| (id.clone(), e.clone())).collect();
+                nodes.sort_by(|a, b| a.0.cmp(&b.0));
+                Some(crate::ann::IndexBuild { space, params: self.ann.clone(), nodes })
+            })
+            .collect()
+    }
+
+    /// Installs an index built aside (see [`SpaceView::install_index`]).
+    pub fn install_index(&mut self, built: crate::ann::BuiltIndex) {
+        let params = self.ann.clone();
+        if let Some(view) = self.spaces.get_mut(&built.space) {
+            view.install_index(built.index, &built.nodes, &params);
+        }
     }
 
     pub fn node_count(&self) -> usize {
@@ -833,5 +894,71 @@ mod tests {
         assert_eq!(v.spaces["s"].nodes["a"].0.text, "new");
         v.apply(vec![(ViewUpdate::Node("s".into(), node("a", "new"), Embedding::default()), -1)]);
         assert!(v.spaces.is_empty());
+    }
+
+    /// An index built aside: asked for once when the space crosses `exhaustive-below` (the space is read exactly
+    /// until it is installed), brought up to date at install with what came, changed and left during the build, and
+    /// asked for again when tombstones outnumber the living, the worn index serving meanwhile.
+    #[test]
+    fn an_index_built_aside_catches_up_with_the_changes_made_during_its_build() {
+        let e = operators::HashEmbedder::new(64);
+        let text = |i: usize, gen: usize| format!("turn {i} of topic{} word{} version{gen}", i % 41, i % 97);
+        let upsert = |i: usize, gen: usize, d: isize| {
+            let mut n = node(&format!("n{i:05}"), &text(i, gen));
+            n.pos = i as i64;
+            (ViewUpdate::Node("s".into(), n, operators::Embedder::embed(&e, &text(i, gen))), d)
+        };
+        let ann = crate::ann::AnnParams { exhaustive_below: 1000, build_aside: true, ..Default::default() };
+        let mut v = Views { ann, ..Views::default() };
+        v.apply((0..1200).map(|i| upsert(i, 0, 1)).collect());
+        assert!(v.spaces["s"].ann.is_none(), "not built within the apply");
+        let mut builds = v.take_index_builds();
+        assert_eq!(builds.len(), 1);
+        assert_eq!(builds[0].nodes.len(), 1200);
+        // During the build: more nodes, some gone, some replaced; no second build is asked for.
+        v.apply((1200..3000).map(|i| upsert(i, 0, 1)).collect());
+        v.apply((0..100).map(|i| upsert(i, 0, -1)).collect());
+        v.apply((100..150).flat_map(|i| [upsert(i, 0, -1), upsert(i, 1, 1)]).collect());
+        assert!(v.take_index_builds().is_empty(), "one build at a time");
+        v.install_index(builds.pop().unwrap().run());
+        let view = &v.spaces["s"];
+        let index = view.ann.as_ref().expect("installed");
+        assert_eq!(index.len(), view.nodes.len());
+        let probes: Vec<usize> = (100..3000).step_by(29).collect();
+        let found = probes
+            .iter()
+            .filter(|&&i| {
+                let gen = usize::from((100..150).contains(&i));
+                index.search(&operators::Embedder::embed(&e, &text(i, gen)), 1)[0].1 == format!("n{i:05}")
+            })
+            .count();
+        assert!(
+            found + 3 >= probes.len(),
+            "{found} of {} nodes (replaced ones at their new vector) are their own nearest",
+            probes.len()
+        );
+        let replaced = operators::Embedder::embed(&e, &text(120, 0));
+        assert!(index.search(&replaced, 20).iter().all(|(s, _)| *s < 0.999), "a replaced vector is gone");
+        let probe = operators::Embedder::embed(&e, &text(5, 0));
+        assert!(index.search(&probe, 20).iter().all(|(_, id)| *id >= "n00100"), "a removed node is never a hit");
+        // Wear: the index keeps serving while its replacement is built.
+        v.apply((100..1800).map(|i| upsert(i, usize::from(i < 150), -1)).collect());
+        assert!(v.spaces["s"].ann.is_some(), "the worn index still serves");
+        let mut builds = v.take_index_builds();
+        assert_eq!(builds.len(), 1, "a rebuild is asked for once tombstones outnumber the living");
+        assert_eq!(builds[0].nodes.len(), 1200);
+        v.install_index(builds.pop().unwrap().run());
+        let index = v.spaces["s"].ann.as_ref().unwrap();
+        assert_eq!(index.len(), 1200);
+        assert!(!index.worn());
+        // A space that shrank below half of `exhaustive-below` during its build drops the index it gets.
+        v.apply((1800..3000).map(|i| upsert(i, 0, -1)).collect());
+        v.apply((0..600).map(|i| upsert(i, 2, 1)).collect());
+        assert!(v.spaces["s"].ann.is_none());
+        v.apply((600..1000).map(|i| upsert(i, 2, 1)).collect());
+        let mut builds = v.take_index_builds();
+        v.apply((0..600).map(|i| upsert(i, 2, -1)).collect());
+        v.install_index(builds.pop().unwrap().run());
+        assert!(v.spaces["s"].ann.is_none(), "400 nodes: read exactly");
     }
 }

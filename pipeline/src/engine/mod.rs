@@ -88,6 +88,8 @@ impl Engine {
         if let Some(rx) = self.shared.structure_rx.lock().expect("structure lock").take() {
             self.structure = Some(structure::spawn_structure(self.shared.clone(), rx));
         }
+        // A restart from a checkpoint of a large space builds its index now, while the space is served exactly.
+        self.shared.start_index_builds(&mut self.shared.views.write().expect("views lock"));
         let shared = self.shared.clone();
         let guards = timely::execute(timely, move |worker| {
             // A worker that dies (a bug, or a lost peer process: timely's network threads panic) fails the engine,

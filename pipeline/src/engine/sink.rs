@@ -229,7 +229,7 @@ impl Layer0 {
 /// Applies epochs of consolidated updates to the views, then `then` under the same lock: the change topic is sent
 /// and summaries and events are embedded before the views are locked, so a slow endpoint holds up no reader.
 pub(super) fn apply_to_views(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     batches: Vec<(u64, Vec<(ViewUpdate, isize)>)>,
     then: impl FnOnce(&mut crate::views::Views),
 ) {
@@ -264,6 +264,7 @@ pub(super) fn apply_to_views(
         views.apply_consolidated(updates, &embed);
     }
     then(&mut views);
+    shared.start_index_builds(&mut views);
     shared.metrics.nodes.set(views.node_count() as i64);
     shared.metrics.edges.set(views.edge_count() as i64);
     shared.metrics.spaces.set(views.spaces.len() as i64);

@@ -195,7 +195,8 @@ impl Shared {
                 replies.push(Item::Summary(r.space, r.key, r.response));
             }
         }
-        let mut views = Views { ann: config.query.ann(), ..Views::default() };
+        let ann = crate::ann::AnnParams { build_aside: true, ..config.query.ann() };
+        let mut views = Views { ann, ..Views::default() };
         let mut checkpoint = if from_topic_used || !place.leads() || place.processes > 1 {
             None
         } else {
@@ -324,6 +325,26 @@ impl Shared {
         }
         let reply = self.legacy.get(&(space.to_string(), request.legacy_key()))?;
         request.upgrade_reply(reply, key)
+    }
+
+    /// Starts the index builds the views ask for, each on a thread of its own that installs the index when it is
+    /// built (the views go on meanwhile; see `crate::ann`).
+    pub(super) fn start_index_builds(self: &Arc<Self>, views: &mut Views) {
+        for build in views.take_index_builds() {
+            let shared = self.clone();
+            let spawned = std::thread::Builder::new().name("index".into()).spawn(move || {
+                let (space, nodes) = (build.space.clone(), build.nodes.len());
+                let t = Instant::now();
+                let built = build.run();
+                let took = t.elapsed();
+                shared.views.write().expect("views lock").install_index(built);
+                shared.metrics.index_build_seconds.observe(took.as_secs_f64());
+                tracing::info!(space, nodes, ?took, "built a space's nearest-neighbour index");
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "could not start an index build; the space is read exactly");
+            }
+        }
     }
 
     /// The views, read-locked (the views sink waits while this is held: keep it short).
