@@ -308,6 +308,7 @@ impl Metrics {
             Box::new(self.checkpoint_epoch.clone()),
             Box::new(self.checkpoint_bytes.clone()),
             Box::new(self.checkpoint_seconds.clone()),
+            Box::new(self.index_build_seconds.clone()),
             Box::new(self.checkpoint_failures.clone()),
             Box::new(self.checkpoint_restored.clone()),
             Box::new(self.checkpoint_rebuilding.clone()),
