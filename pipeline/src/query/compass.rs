@@ -54,13 +54,8 @@ pub fn compass(
         trace.push(json!({"step": "explore", "why": "no events in this space: the most relevant turns alone"}));
     }
     let rels: Vec<Relevance> = goals.iter().map(|g| Relevance::new(view, embedder, g)).collect();
-    // Each subgoal's scores lifted by SEGMENT × its best segment's best (each relevance lowers the other segments
-    // against its best): turns of several subgoals compare on one scale, a well-answered subgoal above a vague one.
-    let node_score: HashMap<&str, f32> = view
-        .nodes
-        .keys()
-        .map(|id| (id.as_str(), rels.iter().filter_map(|r| Some(r.of(id)? + SEGMENT * r.top)).fold(f32::MIN, f32::max)))
-        .collect();
+    // Each subgoal's scores on one scale (see [`super::relevance::fused`]).
+    let node_score: HashMap<&str, f32> = super::relevance::fused(&rels);
     let explorer = Explorer { view, guide, query, k, topic_seeds };
     let mut reached: HashMap<&str, f32> = HashMap::new();
     for (g, rel) in goals.iter().zip(&rels) {
@@ -84,17 +79,20 @@ pub fn compass(
             (id, score * if long { params.span_lift } else { CONTEXT })
         })
         .collect();
-    let mut ranked: Vec<(f32, &Node, &'static str)> = view
-        .nodes
-        .iter()
-        .map(|(id, (n, _))| {
-            let own = node_score[id.as_str()];
+    // The scored turns and the turns of the reached events: no other turn can rank above f32::MIN.
+    let mut ids: HashSet<&str> = node_score.keys().copied().collect();
+    ids.extend(lifted.keys().filter_map(|e| view.events.get(*e)).flat_map(|e| e.turns.iter().map(String::as_str)));
+    let mut ranked: Vec<(f32, &Node, &'static str)> = ids
+        .into_iter()
+        .filter_map(|id| {
+            let (n, _) = view.nodes.get(id)?;
+            let own = node_score.get(id).copied().unwrap_or(f32::MIN);
             let lift = view.event_of.get(id).and_then(|e| lifted.get(e.as_str()).copied()).unwrap_or(f32::MIN);
-            if lift > own {
+            Some(if lift > own {
                 (lift, n, "a turn of an explored event")
             } else {
                 (own, n, "among the most relevant turns")
-            }
+            })
         })
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));

@@ -7,7 +7,7 @@
 use operators::{Embedder, Node};
 use serde_json::json;
 
-use super::relevance::{Relevance, SEGMENT};
+use super::relevance::Relevance;
 use super::Evidence;
 use crate::views::SpaceView;
 
@@ -21,13 +21,9 @@ pub fn hybrid(
     let mut trace = vec![json!({"step": "seed", "mode": "hybrid", "subgoals": goals, "candidates": view.nodes.len(),
         "why": "the question and its clauses, each ranked by fused relevance over layer 0"})];
     let rels: Vec<Relevance> = goals.iter().map(|g| Relevance::new(view, embedder, g)).collect();
-    let mut ranked: Vec<(f32, &Node, &'static str)> = view
-        .nodes
-        .iter()
-        .map(|(id, (n, _))| {
-            let s = rels.iter().filter_map(|r| Some(r.of(id)? + SEGMENT * r.top)).fold(f32::MIN, f32::max);
-            (s, n, "among the most relevant turns")
-        })
+    let mut ranked: Vec<(f32, &Node, &'static str)> = super::relevance::fused(&rels)
+        .into_iter()
+        .filter_map(|(id, s)| Some((s, &view.nodes.get(id)?.0, "among the most relevant turns")))
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     let out = super::passages(view, ranked, budget_words, &mut trace);

@@ -246,6 +246,21 @@ impl<'a> Relevance<'a> {
     }
 }
 
+/// Every layer-0 node some relevance scored, at its best over `rels`, each lifted by SEGMENT × its relevance's best
+/// segment's best (each relevance lowers the other segments against its best): nodes of several subgoals compare on
+/// one scale, a well-answered subgoal above a vague one. Over an indexed space only the candidates are scored, so
+/// this costs what the candidates cost, not what the space holds.
+pub fn fused<'a>(rels: &[Relevance<'a>]) -> HashMap<&'a str, f32> {
+    let mut out: HashMap<&'a str, f32> = HashMap::new();
+    for r in rels {
+        for ((id, _), s) in r.nodes.iter().zip(&r.scores) {
+            let v = out.entry(*id).or_insert(f32::MIN);
+            *v = v.max(s + SEGMENT * r.top);
+        }
+    }
+    out
+}
+
 /// The nodes just before and after a node in its document (one position step away at most: sessions and sections
 /// that the positions keep apart stay apart).
 pub fn neighbours<'a>(view: &'a SpaceView, n: &Node) -> impl Iterator<Item = &'a str> {
