@@ -1,6 +1,6 @@
 //! CAM's Prune-and-Grow over every layer of the hierarchy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use serde_json::json;
 
@@ -10,7 +10,11 @@ use super::relevance::Relevance;
 use super::{clip, Evidence, Guide, PROMPT_WORDS, SELECT_MAX};
 use crate::views::SpaceView;
 
-/// CAM's Prune-and-Grow. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by [`Relevance`]. Then
+/// Over an indexed space, the clusters that may seed are the ancestors of this many of the best layer-0 candidates.
+pub const ANCESTORS_OF: usize = 4 * SELECT_MAX;
+
+/// CAM's Prune-and-Grow. Seeds: the top-k nodes of every layer (chunks and cluster summaries) by [`Relevance`]
+/// (over an indexed space, of its candidates and of the clusters above the best [`ANCESTORS_OF`] of them). Then
 /// up to 5 rounds: *prune* the candidates — with a model, to those it selects among the best [`SELECT_MAX`]; without,
 /// to those of the best [`SELECT_MAX`] within half of the best score (so that a round grows from a bounded set,
 /// whatever the size of the space) — and *grow* the kept ones to their same-layer neighbours and their children
@@ -34,18 +38,23 @@ pub fn prune_and_grow(
         }
         rel.cluster(view, view.clusters.get(id)?)
     };
-    // Every node of every layer; over an indexed space, the candidates and the clusters above them.
+    // Every node of every layer; over an indexed space, the candidates and the clusters above the best of them
+    // (every candidate's ancestors would be most of the upper layers: the cost of a query would grow with them).
     let ids: Vec<&str> = if rel.partial() {
-        let mut ids: BTreeSet<&str> = rel.ids().collect();
-        let mut frontier: Vec<&str> = ids.iter().copied().collect();
+        let mut best: Vec<(f32, &str)> = rel.ids().filter_map(|id| rel.of(id).map(|s| (s, id))).collect();
+        best.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let mut ids: Vec<&str> = best.iter().map(|x| x.1).collect();
+        let mut seen: HashSet<&str> = HashSet::with_capacity(4 * ids.len());
+        let mut frontier: Vec<&str> = best.iter().take(ANCESTORS_OF).map(|x| x.1).collect();
         while let Some(id) = frontier.pop() {
             for p in view.parents.get(id).into_iter().flatten() {
-                if ids.insert(p.as_str()) {
+                if seen.insert(p.as_str()) {
+                    ids.push(p.as_str());
                     frontier.push(p.as_str());
                 }
             }
         }
-        ids.into_iter().collect()
+        ids
     } else {
         view.nodes.keys().map(String::as_str).chain(view.clusters.keys().map(String::as_str)).collect()
     };
@@ -178,4 +187,75 @@ fn summary_evidence(
         });
     }
     summary_items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ann::AnnParams;
+    use crate::views::{ViewUpdate, Views};
+    use operators::HashEmbedder;
+
+    /// 2,000 turns on four subjects, a layer-1 cluster over each run of 10 with a summary of its subject, and a
+    /// layer-2 cluster over each subject's layer-1 clusters; read exactly and through the index.
+    fn space(ann: AnnParams) -> Views {
+        let e = HashEmbedder::default();
+        let subjects = [
+            "pottery kiln glaze bowl",
+            "sailing harbour wind boat",
+            "budget invoice audit cost",
+            "garden tomato soil seed",
+        ];
+        let mut v = Views { ann, ..Views::default() };
+        let mut updates = Vec::new();
+        for i in 0..2000 {
+            let node = Node {
+                id: format!("c#D{}:{}", i / 200 + 1, i % 200 + 1),
+                kind: NodeKind::Turn,
+                doc: "c".into(),
+                pos: i as i64 * operators::model::POSITION_SCALE,
+                text: format!("{} said {} at {}", ["Ana", "Ben"][i % 2], subjects[(i / 10) % 4], i % 37),
+                speaker: Some(["Ana", "Ben"][i % 2].to_string()),
+                ts: None,
+            };
+            let emb = e.embed(&node.embedding_text());
+            let cluster = format!("L1:{}", i / 10);
+            updates.push((ViewUpdate::Cluster("s".into(), 1, cluster, node.id.clone()), 1));
+            updates.push((ViewUpdate::Node("s".into(), node, emb), 1));
+        }
+        for c in 0..200 {
+            let subject = subjects[c % 4];
+            updates.push((ViewUpdate::Summary("s".into(), 1, format!("L1:{c}"), format!("talk of {subject}")), 1));
+            updates.push((ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c % 4), format!("L1:{c}")), 1));
+        }
+        for (c, subject) in subjects.iter().enumerate() {
+            updates.push((ViewUpdate::Summary("s".into(), 2, format!("L2:{c}"), format!("all about {subject}")), 1));
+        }
+        v.apply_with(updates, &|t| e.embed(t));
+        v
+    }
+
+    /// Over an indexed space only the clusters above the best candidates are scored, and the summaries kept are the
+    /// exact pass's: the subject's clusters, at both layers.
+    #[test]
+    fn an_indexed_space_keeps_the_summaries_the_exact_pass_keeps() {
+        let e = HashEmbedder::default();
+        let exact = space(AnnParams::default());
+        let indexed = space(AnnParams { exhaustive_below: 500, candidates: 64, ef_search: 256, ..Default::default() });
+        assert!(exact.spaces["s"].ann.is_none() && indexed.spaces["s"].ann.is_some());
+        let q = "what was said of the sailing harbour wind";
+        let summaries = |v: &Views| {
+            let (ev, trace) = prune_and_grow(&v.spaces["s"], &e, &super::super::NoModel, q, 8, 400);
+            let mut ids: Vec<String> = ev.into_iter().filter(|x| x.kind == NodeKind::Summary).map(|x| x.id).collect();
+            ids.sort();
+            (ids, trace)
+        };
+        let (want, _) = summaries(&exact);
+        let (got, trace) = summaries(&indexed);
+        assert!(!want.is_empty() && want.iter().any(|id| id == "L2:1"), "{want:?}");
+        assert!(want
+            .iter()
+            .all(|id| id == "L2:1" || id.strip_prefix("L1:").is_some_and(|c| c.parse::<usize>().unwrap() % 4 == 1)));
+        assert_eq!(got, want, "{trace:?}");
+    }
 }
