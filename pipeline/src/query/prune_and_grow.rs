@@ -40,26 +40,34 @@ pub fn prune_and_grow(
     };
     // Every node of every layer; over an indexed space, the candidates and the clusters above the best of them
     // (every candidate's ancestors would be most of the upper layers: the cost of a query would grow with them).
-    let ids: Vec<&str> = if rel.partial() {
-        let mut best: Vec<(f32, &str)> = rel.ids().filter_map(|id| rel.of(id).map(|s| (s, id))).collect();
-        best.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        let mut ids: Vec<&str> = best.iter().map(|x| x.1).collect();
-        let mut seen: HashSet<&str> = HashSet::with_capacity(4 * ids.len());
-        let mut frontier: Vec<&str> = best.iter().take(ANCESTORS_OF).map(|x| x.1).collect();
+    let by_score = |a: &(f32, &str), b: &(f32, &str)| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1));
+    let mut all: Vec<(f32, &str)> = if rel.partial() {
+        let mut all: Vec<(f32, &str)> = rel.ids().filter_map(|id| rel.of(id).map(|s| (s, id))).collect();
+        if all.len() > ANCESTORS_OF {
+            all.select_nth_unstable_by(ANCESTORS_OF - 1, by_score);
+        }
+        let mut seen: HashSet<&str> = HashSet::with_capacity(4 * all.len());
+        let mut frontier: Vec<&str> = all.iter().take(ANCESTORS_OF).map(|x| x.1).collect();
         while let Some(id) = frontier.pop() {
             for p in view.parents.get(id).into_iter().flatten() {
                 if seen.insert(p.as_str()) {
-                    ids.push(p.as_str());
                     frontier.push(p.as_str());
+                    if let Some(s) = score(p.as_str()) {
+                        all.push((s, p.as_str()));
+                    }
                 }
             }
         }
-        ids
+        all
     } else {
-        view.nodes.keys().map(String::as_str).chain(view.clusters.keys().map(String::as_str)).collect()
+        view.nodes
+            .keys()
+            .map(String::as_str)
+            .chain(view.clusters.keys().map(String::as_str))
+            .filter_map(|id| score(id).map(|s| (s, id)))
+            .collect()
     };
-    let mut all: Vec<(f32, &str)> = ids.into_iter().filter_map(|id| score(id).map(|s| (s, id))).collect();
-    all.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    all.sort_by(by_score);
     let seeds: BTreeSet<&str> = all.iter().take(k).map(|x| x.1).collect();
     let mut trace = vec![json!({"step": "seed", "mode": "prune-and-grow", "seeds": seeds, "names": rel.names,
                                 "why": "top-k over all layers by relevance (cosine, BM25, named speakers, context)"})];
