@@ -2,9 +2,9 @@
 //! space's layer-0 texts, kept in step with the views (a text in, a text out). Dense embeddings miss what a reader
 //! finds by the word — a name, a rare noun, a plural of the query's term; retrieval fuses both (`pipeline::query`).
 
-use std::collections::HashMap;
-
 use crate::embed::words;
+use crate::fasthash::HashMap;
+use crate::slots::Slots;
 
 /// English words that carry no topic: skipped by the analyzer (the hash embedder's list).
 pub fn is_stop(w: &str) -> bool {
@@ -22,41 +22,81 @@ pub fn terms(text: &str) -> Vec<String> {
 /// A text's terms counted: what BM25 needs of a text outside the index (a summary), computed once.
 #[derive(Default, Clone, Debug)]
 pub struct TermCounts {
-    tf: HashMap<String, u32>,
+    /// Each distinct term and its frequency, sorted by term.
+    tf: Box<[(Box<str>, u32)]>,
     len: u32,
 }
 
 impl TermCounts {
     pub fn of(text: &str) -> Self {
-        let ts = terms(text);
-        let mut tf: HashMap<String, u32> = HashMap::new();
-        for t in &ts {
-            *tf.entry(t.clone()).or_default() += 1;
+        let mut ts = terms(text);
+        let len = ts.len() as u32;
+        ts.sort_unstable();
+        let mut tf: Vec<(Box<str>, u32)> = Vec::new();
+        for t in ts {
+            match tf.last_mut() {
+                Some((last, n)) if **last == *t => *n += 1,
+                _ => tf.push((t.into_boxed_str(), 1)),
+            }
         }
-        TermCounts { tf, len: ts.len() as u32 }
+        TermCounts { tf: tf.into_boxed_slice(), len }
+    }
+
+    fn get(&self, term: &str) -> Option<u32> {
+        self.tf.binary_search_by(|(t, _)| (**t).cmp(term)).ok().map(|i| self.tf[i].1)
     }
 }
 
-/// A query's terms, each once (a repeated query term counts once in BM25).
-fn distinct(query: &[String]) -> Vec<&String> {
-    let mut qs: Vec<&String> = query.iter().collect();
-    qs.sort();
-    qs.dedup();
-    qs
+/// A query analysed against an index: its distinct terms (a repeated query term counts once in BM25), each with
+/// its slot in the index and its inverse document frequency, looked up once however many texts it scores.
+#[derive(Default, Clone, Debug)]
+pub struct LexicalQuery {
+    terms: Vec<(String, Option<u32>, f32)>,
 }
 
 /// BM25's term-frequency saturation and length normalisation (the usual defaults).
 pub const K1: f32 = 1.2;
 pub const B: f32 = 0.75;
 
-/// A BM25 index over documents named by id. `insert` of an id already present replaces its text.
-#[derive(Default, Clone, Debug)]
+/// A BM25 index over documents named by id. `insert` of an id already present replaces its text. Documents and
+/// terms are interned ([`Slots`]): each id and each term is stored once, and a posting is three integers.
+#[derive(Default)]
 pub struct LexicalIndex {
-    /// term → (document → term frequency).
-    postings: HashMap<String, HashMap<String, u32>>,
-    /// document → (its length in terms, its distinct terms).
-    docs: HashMap<String, (u32, Vec<String>)>,
+    docs: Slots<String>,
+    /// Document slot → its length in terms and its distinct terms' slots (empty for a released slot).
+    doc: Vec<(u32, Box<[u32]>)>,
+    terms: Slots<String>,
+    /// Term slot → (document slot → (term frequency, the document's length)).
+    postings: Vec<HashMap<u32, (u32, u32)>>,
     total_len: u64,
+}
+
+impl std::fmt::Debug for LexicalIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LexicalIndex")
+            .field("docs", &self.docs.len())
+            .field("terms", &self.terms.len())
+            .field("total_len", &self.total_len)
+            .finish()
+    }
+}
+
+impl Clone for LexicalIndex {
+    fn clone(&self) -> Self {
+        let mut out = LexicalIndex::default();
+        for (s, (_, ts)) in self.doc.iter().enumerate() {
+            if !self.docs.holds(s as u32) {
+                continue;
+            }
+            let id = self.docs.key(s as u32);
+            let terms: Vec<(&str, u32)> = ts
+                .iter()
+                .map(|t| (self.terms.key(*t).as_str(), self.postings[*t as usize][&(s as u32)].0))
+                .collect();
+            out.insert_counts(id, &terms);
+        }
+        out
+    }
 }
 
 impl LexicalIndex {
@@ -69,40 +109,55 @@ impl LexicalIndex {
     }
 
     pub fn insert(&mut self, id: &str, text: &str) {
-        self.remove(id);
         let counts = TermCounts::of(text);
-        let mut distinct: Vec<String> = Vec::with_capacity(counts.tf.len());
-        for (t, f) in counts.tf {
-            self.postings.entry(t.clone()).or_default().insert(id.to_string(), f);
-            distinct.push(t);
+        let terms: Vec<(&str, u32)> = counts.tf.iter().map(|(t, f)| (&**t, *f)).collect();
+        self.insert_counts(id, &terms);
+    }
+
+    /// Inserts (or replaces) a document given its distinct terms and their frequencies.
+    fn insert_counts(&mut self, id: &str, terms: &[(&str, u32)]) {
+        self.remove(id);
+        let len: u32 = terms.iter().map(|(_, f)| f).sum();
+        let (d, new) = self.docs.intern(id);
+        if new {
+            self.doc.push((0, Box::default()));
         }
-        self.total_len += u64::from(counts.len);
-        self.docs.insert(id.to_string(), (counts.len, distinct));
+        let mut slots = Vec::with_capacity(terms.len());
+        for (t, f) in terms {
+            let (ts, new) = self.terms.intern(*t);
+            if new {
+                self.postings.push(HashMap::default());
+            }
+            self.postings[ts as usize].insert(d, (*f, len));
+            slots.push(ts);
+        }
+        self.total_len += u64::from(len);
+        self.doc[d as usize] = (len, slots.into_boxed_slice());
     }
 
     pub fn remove(&mut self, id: &str) {
-        let Some((len, distinct)) = self.docs.remove(id) else { return };
+        let Some(d) = self.docs.get(id) else { return };
+        let (len, terms) = std::mem::take(&mut self.doc[d as usize]);
         self.total_len -= u64::from(len);
-        for t in distinct {
-            if let Some(p) = self.postings.get_mut(&t) {
-                p.remove(id);
-                if p.is_empty() {
-                    self.postings.remove(&t);
-                }
+        for t in terms.iter() {
+            let p = &mut self.postings[*t as usize];
+            p.remove(&d);
+            if p.is_empty() {
+                *p = HashMap::default();
+                self.terms.release(*t);
             }
         }
+        self.docs.release(d);
+    }
+
+    fn idf_of(&self, df: usize) -> f32 {
+        let (n, df) = (self.docs.len() as f32, df as f32);
+        (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
     }
 
     /// Inverse document frequency of a term (BM25's, never negative); 0 for a term no document has.
     pub fn idf(&self, term: &str) -> f32 {
-        let n = self.docs.len() as f32;
-        match self.postings.get(term) {
-            Some(p) => {
-                let df = p.len() as f32;
-                (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
-            }
-            None => 0.0,
-        }
+        self.terms.get(term).map_or(0.0, |t| self.idf_of(self.postings[t as usize].len()))
     }
 
     fn avg_len(&self) -> f32 {
@@ -113,27 +168,48 @@ impl LexicalIndex {
         }
     }
 
-    fn weight(&self, tf: f32, len: f32) -> f32 {
-        tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / self.avg_len()))
+    fn weight(&self, tf: f32, len: f32, avg_len: f32) -> f32 {
+        tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * len / avg_len))
+    }
+
+    /// Analyses a query's terms (see [`terms`]) against the index's statistics now.
+    pub fn query(&self, query: &[String]) -> LexicalQuery {
+        let mut qs: Vec<&String> = query.iter().collect();
+        qs.sort();
+        qs.dedup();
+        let terms = qs
+            .into_iter()
+            .map(|t| {
+                let slot = self.terms.get(t.as_str());
+                (t.clone(), slot, slot.map_or(0.0, |s| self.idf_of(self.postings[s as usize].len())))
+            })
+            .collect();
+        LexicalQuery { terms }
     }
 
     /// BM25 of every document that shares a term with the query (each distinct query term counted once).
-    pub fn search(&self, query: &str) -> HashMap<&str, f32> {
+    pub fn search(&self, query: &str) -> std::collections::HashMap<&str, f32> {
         self.search_terms(&terms(query))
     }
 
     /// [`Self::search`] for query terms already analysed (see [`terms`]).
-    pub fn search_terms(&self, query: &[String]) -> HashMap<&str, f32> {
-        let mut out: HashMap<&str, f32> = HashMap::new();
-        for t in distinct(query) {
-            let Some(p) = self.postings.get(t) else { continue };
-            let idf = self.idf(t);
-            for (id, f) in p {
-                let len = self.docs.get(id).map_or(0, |d| d.0) as f32;
-                *out.entry(id.as_str()).or_default() += idf * self.weight(*f as f32, len);
+    pub fn search_terms(&self, query: &[String]) -> std::collections::HashMap<&str, f32> {
+        self.search_query(&self.query(query)).into_iter().collect()
+    }
+
+    /// [`Self::search`] for an analysed query.
+    pub fn search_query(&self, query: &LexicalQuery) -> HashMap<&str, f32> {
+        let avg = self.avg_len();
+        let mut by_slot: HashMap<u32, f32> = HashMap::default();
+        for (_, slot, idf) in &query.terms {
+            let Some(t) = slot else { continue };
+            let p = &self.postings[*t as usize];
+            by_slot.reserve(p.len());
+            for (d, (f, len)) in p {
+                *by_slot.entry(*d).or_default() += idf * self.weight(*f as f32, *len as f32, avg);
             }
         }
-        out
+        by_slot.into_iter().map(|(d, s)| (self.docs.key(d).as_str(), s)).collect()
     }
 
     /// BM25 of a text that is not in the index (a cluster's summary), against the index's statistics.
@@ -143,9 +219,16 @@ impl LexicalIndex {
 
     /// [`Self::score_text`] for a text whose terms are already counted.
     pub fn score_counts(&self, query: &[String], text: &TermCounts) -> f32 {
-        distinct(query)
-            .into_iter()
-            .filter_map(|q| text.tf.get(q).map(|f| self.idf(q) * self.weight(*f as f32, text.len as f32)))
+        self.score_query(&self.query(query), text)
+    }
+
+    /// [`Self::score_counts`] for an analysed query.
+    pub fn score_query(&self, query: &LexicalQuery, text: &TermCounts) -> f32 {
+        let avg = self.avg_len();
+        query
+            .terms
+            .iter()
+            .filter_map(|(q, _, idf)| text.get(q).map(|f| idf * self.weight(f as f32, text.len as f32, avg)))
             .sum()
     }
 }
@@ -191,7 +274,8 @@ mod tests {
         ix.remove("a");
         assert!(ix.is_empty());
         assert_eq!(ix.total_len, 0);
-        assert!(ix.postings.is_empty());
+        assert!(ix.postings.iter().all(|p| p.is_empty()));
+        assert_eq!(ix.terms.len(), 0);
     }
 
     #[test]
@@ -201,5 +285,76 @@ mod tests {
         ix.insert("b", "football on sunday");
         assert!(ix.score_text(&terms("chess"), "They play chess") > 0.0);
         assert_eq!(ix.score_text(&terms("chess"), "They play cards"), 0.0);
+    }
+
+    /// BM25 from the live texts alone, as the definition reads.
+    fn bm25_reference(live: &std::collections::BTreeMap<String, String>, query: &str) -> Vec<(String, f32)> {
+        let docs: Vec<(&String, Vec<String>)> = live.iter().map(|(id, t)| (id, terms(t))).collect();
+        let n = docs.len() as f32;
+        let avg = if docs.is_empty() {
+            1.0
+        } else {
+            (docs.iter().map(|d| d.1.len()).sum::<usize>() as f32 / n).max(1.0)
+        };
+        let mut qs = terms(query);
+        qs.sort();
+        qs.dedup();
+        let mut out = Vec::new();
+        for (id, ts) in &docs {
+            let mut score = 0.0f32;
+            let mut any = false;
+            for q in &qs {
+                let tf = ts.iter().filter(|t| *t == q).count() as f32;
+                if tf == 0.0 {
+                    continue;
+                }
+                any = true;
+                let df = docs.iter().filter(|d| d.1.contains(q)).count() as f32;
+                let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+                score += idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * ts.len() as f32 / avg));
+            }
+            if any {
+                out.push(((*id).clone(), score));
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Seeded inserts, replacements and removes: the interned index scores every query as BM25 over the live
+        /// texts does, and holds no term or posting that no live text has.
+        #[test]
+        fn the_index_equals_bm25_over_the_live_texts(
+            ops in proptest::collection::vec((0usize..12, proptest::collection::vec(0usize..9, 0..6), proptest::bool::weighted(0.2)), 1..60),
+            query in proptest::collection::vec(0usize..9, 1..4),
+        ) {
+            const WORDS: [&str; 9] = ["apple", "apples", "pear", "plum", "chess", "club", "friday", "dog", "park"];
+            let text = |ws: &[usize]| ws.iter().map(|w| WORDS[*w]).collect::<Vec<_>>().join(" ");
+            let mut ix = LexicalIndex::default();
+            let mut live = std::collections::BTreeMap::new();
+            for (doc, ws, delete) in &ops {
+                let id = format!("d{doc}");
+                if *delete {
+                    ix.remove(&id);
+                    live.remove(&id);
+                } else {
+                    ix.insert(&id, &text(ws));
+                    live.insert(id, text(ws));
+                }
+            }
+            let q = text(&query);
+            for ix in [&ix, &ix.clone()] {
+                let got: std::collections::BTreeMap<&str, f32> = ix.search(&q).into_iter().collect();
+                let want = bm25_reference(&live, &q);
+                proptest::prop_assert_eq!(got.len(), want.len());
+                for (id, s) in &want {
+                    let g = got.get(id.as_str()).copied();
+                    proptest::prop_assert!(g.is_some_and(|g| (g - s).abs() <= 1e-4 * s.abs().max(1.0)), "{id}: {g:?} vs {s}");
+                }
+                proptest::prop_assert_eq!(ix.len(), live.len());
+                let live_terms: std::collections::BTreeSet<String> = live.values().flat_map(|t| terms(t)).collect();
+                proptest::prop_assert_eq!(ix.terms.len(), live_terms.len());
+            }
+        }
     }
 }

@@ -25,6 +25,7 @@ pub mod model;
 pub mod record;
 pub mod request;
 pub mod similarity;
+pub mod slots;
 pub mod summary;
 
 pub use embed::{Embedder, HashEmbedder};

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::find_root;
-use super::slots::{bump, HashMap, Slots};
+use crate::slots::{bump, HashMap, Slots};
 
 /// A change of one ego-network row: `(v, a, old component, new component)`.
 pub type EgoChange = (String, String, Option<String>, Option<String>);

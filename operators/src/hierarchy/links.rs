@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::slots::{bump, HashMap, HashSet, Slots};
+use crate::slots::{bump, HashMap, HashSet, Slots};
 use super::{link_weight, strongest, HierarchyParams};
 
 /// One space's layer-above graph.

@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use super::slots::{HashMap, Slots};
+use crate::slots::{HashMap, Slots};
 use super::{active, link_groups, replica_hash, strongest_link, Replica};
 
 /// One replica graph and its labels.

@@ -39,7 +39,6 @@ pub mod links;
 pub mod lpa;
 pub mod reference;
 pub mod replica_edges;
-mod slots;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,6 @@
 //! CAM's Prune-and-Grow over every layer of the hierarchy.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashSet};
 
 use serde_json::json;
@@ -31,12 +32,20 @@ pub fn prune_and_grow(
     budget_words: usize,
 ) -> (Vec<Evidence>, Vec<serde_json::Value>) {
     let rel = Relevance::new(view, embedder, query);
-    // Layer 0 in context; a cluster by its summary (none yet: not a candidate).
+    // Layer 0 in context; a cluster by its summary (none yet: not a candidate), scored once however many rounds
+    // ask.
+    let scored: RefCell<operators::fasthash::HashMap<&str, Option<f32>>> = RefCell::default();
     let score = |id: &str| -> Option<f32> {
         if let Some(s) = rel.of(id) {
             return Some(s);
         }
-        rel.cluster(view, view.clusters.get(id)?)
+        let (id, c) = view.clusters.get_key_value(id)?;
+        if let Some(s) = scored.borrow().get(id.as_str()) {
+            return *s;
+        }
+        let s = rel.cluster(view, c);
+        scored.borrow_mut().insert(id.as_str(), s);
+        s
     };
     // Every node of every layer; over an indexed space, the candidates and the clusters above the best of them
     // (every candidate's ancestors would be most of the upper layers: the cost of a query would grow with them).

@@ -37,8 +37,8 @@ pub const SEGMENT: f32 = 0.5;
 
 pub struct Relevance<'a> {
     pub query: Embedding,
-    /// The question's lexical terms (stemmed; named speakers left out).
-    terms: Vec<String>,
+    /// The question's lexical terms (stemmed; named speakers left out), analysed against the space's index.
+    terms: operators::lexical::LexicalQuery,
     max_dense: f32,
     max_lexical: f32,
     /// The best segment's best score (before the context lift): how well the question is answered at all.
@@ -46,7 +46,7 @@ pub struct Relevance<'a> {
     /// Every layer-0 node (id, node), each document's in position order; `dense` and `scores` follow it.
     nodes: Vec<(&'a str, &'a Node)>,
     /// Layer-0 node → its index in `nodes`.
-    index: HashMap<&'a str, usize>,
+    index: operators::fasthash::HashMap<&'a str, usize>,
     /// Each node's cosine in context.
     dense: Vec<f32>,
     /// Each node's score in context.
@@ -64,7 +64,7 @@ fn candidates<'a>(
     view: &'a SpaceView,
     ann: &'a crate::ann::NodeAnn,
     query: &Embedding,
-    lexical: &HashMap<&'a str, f32>,
+    lexical: &operators::fasthash::HashMap<&'a str, f32>,
 ) -> Vec<Vec<(i64, &'a String)>> {
     let c = ann.candidates();
     let mut by_bm25: Vec<(f32, &str)> = lexical.iter().map(|(id, s)| (*s, *id)).collect();
@@ -119,7 +119,8 @@ impl<'a> Relevance<'a> {
         let named_terms: HashSet<String> = names.iter().flat_map(|n| operators::lexical::terms(n)).collect();
         let terms: Vec<String> =
             operators::lexical::terms(question).into_iter().filter(|t| !named_terms.contains(t)).collect();
-        let lexical = view.lexical.search_terms(&terms);
+        let terms = view.lexical.query(&terms);
+        let lexical = view.lexical.search_query(&terms);
         // Every layer-0 node once, each document in position order and cut into segments (runs of positions one step
         // apart), so that context is a neighbour in a vector, not a lookup; a node the order does not hold (a
         // position two nodes claim) is a segment of its own. Over an indexed space, only the candidates: the
@@ -229,7 +230,7 @@ impl<'a> Relevance<'a> {
         let (_, emb) = c.summary.as_ref()?;
         Some(
             self.query.dot(emb) / self.max_dense
-                + LEXICAL_WEIGHT * view.lexical.score_counts(&self.terms, &c.summary_terms) / self.max_lexical,
+                + LEXICAL_WEIGHT * view.lexical.score_query(&self.terms, &c.summary_terms) / self.max_lexical,
         )
     }
 

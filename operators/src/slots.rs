@@ -1,4 +1,4 @@
-//! Interned keys for the hierarchy's stateful operators: each key gets a `u32` slot, and a released slot is reused,
+//! Interned keys for the stateful operators and indexes: each key gets a `u32` slot, and a released slot is reused,
 //! so that per-slot state can live in plain vectors and the hot loops compare integers instead of strings.
 
 use std::borrow::Borrow;
