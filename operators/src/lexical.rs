@@ -97,10 +97,8 @@ impl Clone for LexicalIndex {
                 continue;
             }
             let id = self.docs.key(s as u32);
-            let terms: Vec<(&str, u32)> = ts
-                .iter()
-                .map(|t| (self.terms.key(*t).as_str(), self.postings[*t as usize][&(s as u32)].0))
-                .collect();
+            let terms: Vec<(&str, u32)> =
+                ts.iter().map(|t| (self.terms.key(*t).as_str(), self.postings[*t as usize][&(s as u32)].0)).collect();
             out.insert_counts(id, &terms);
         }
         out
@@ -300,11 +298,8 @@ mod tests {
     fn bm25_reference(live: &std::collections::BTreeMap<String, String>, query: &str) -> Vec<(String, f32)> {
         let docs: Vec<(&String, Vec<String>)> = live.iter().map(|(id, t)| (id, terms(t))).collect();
         let n = docs.len() as f32;
-        let avg = if docs.is_empty() {
-            1.0
-        } else {
-            (docs.iter().map(|d| d.1.len()).sum::<usize>() as f32 / n).max(1.0)
-        };
+        let avg =
+            if docs.is_empty() { 1.0 } else { (docs.iter().map(|d| d.1.len()).sum::<usize>() as f32 / n).max(1.0) };
         let mut qs = terms(query);
         qs.sort();
         qs.dedup();

@@ -140,7 +140,11 @@ impl NodeAnn {
 
     /// Brings an index built over `built` (id, vector) up to date with the space's nodes now: what left is
     /// tombstoned, what changed or came is inserted. Costs a look-up per node, and an insertion per change.
-    pub fn catch_up(&mut self, built: &[(String, Embedding)], now: &HashMap<String, (operators::Node, Embedding)>) {
+    pub fn catch_up(
+        &mut self,
+        built: &[(String, Embedding)],
+        now: &operators::fasthash::HashMap<String, (operators::Node, Embedding)>,
+    ) {
         for (id, e) in built {
             match now.get(id) {
                 Some((_, current)) if same(current, e) => {}

@@ -2,9 +2,10 @@
 //! dataflow runs. Each reflects a whole number of epochs: `as_of` is the last epoch whose layer 0 and event memory
 //! are fully applied, `hierarchy_as_of` the last whose hierarchy and summaries are (never ahead of `as_of`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use operators::fasthash::{HashMap, HashSet};
 use operators::model::ErrorRow;
 use operators::request::ModelRequest;
 use operators::{Edge, Embedding, Node};
@@ -800,7 +801,7 @@ mod tests {
                 }
             }
             v.apply(batch);
-            let mut want: HashMap<String, HashMap<i64, SessionEvents>> = HashMap::new();
+            let mut want: HashMap<String, HashMap<i64, SessionEvents>> = HashMap::default();
             for (&i, &g) in &live {
                 let e = event(i, g);
                 let s = want.entry(e.conversation.clone()).or_default().entry(e.session).or_default();
@@ -869,7 +870,7 @@ mod tests {
             v.apply(batch);
             let Some(view) = v.spaces.get("s") else { continue };
             // From scratch: every node with a node one step before it.
-            let mut want: HashMap<String, f32> = HashMap::new();
+            let mut want: HashMap<String, f32> = HashMap::default();
             for (id, (n, emb)) in &view.nodes {
                 if let Some((_, pe)) = view.before(n).and_then(|p| view.nodes.get(p)) {
                     want.insert(id.clone(), (emb.dot(emb) + pe.dot(pe) + 2.0 * emb.dot(pe)).sqrt());

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::slots::{bump, HashMap, HashSet, Slots};
 use super::{link_weight, strongest, HierarchyParams};
+use crate::slots::{bump, HashMap, HashSet, Slots};
 
 /// One space's layer-above graph.
 #[derive(Default)]

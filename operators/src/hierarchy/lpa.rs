@@ -13,8 +13,8 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use crate::slots::{HashMap, Slots};
 use super::{active, link_groups, replica_hash, strongest_link, Replica};
+use crate::slots::{HashMap, Slots};
 
 /// One replica graph and its labels.
 #[derive(Default)]

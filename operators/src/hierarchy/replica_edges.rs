@@ -4,8 +4,8 @@
 //! `(space, u, v)` per layer; here the state is each edge's weight rows and the two components of its ends, and an
 //! epoch rewrites only the edges whose weight or components changed.
 
-use crate::slots::{HashMap, Slots};
 use super::Replica;
+use crate::slots::{HashMap, Slots};
 
 /// A change of the input: an edge `(u, v, Some(weight))` (either order), or an ego-network component
 /// `(v, a, None)` with its name in `component`.
