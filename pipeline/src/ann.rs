@@ -2,8 +2,13 @@
 //! every node once a space holds `query.exhaustive-below` nodes, so that a query costs an index lookup and a bounded
 //! candidate set, not a pass over the memory. Below that size retrieval stays exact (a pass costs less than a walk).
 //!
-//! hnsw_rs cannot delete: a removed or replaced node's slot is tombstoned and filtered out of searches, and the index
-//! is rebuilt from the live nodes when tombstones outnumber them.
+//! Nodes with the same vector (identical texts: a transcript's many "yeah ." turns, a re-published article) share one
+//! point of the index, which names them all: a plateau of equal scores is one point for the walk instead of
+//! hundreds that crowd the search's candidate list, and a search expands a point to its nodes.
+//!
+//! hnsw_rs cannot delete: a point whose nodes all left or were replaced is tombstoned and filtered out of searches
+//! (and taken up again by a node that comes with its vector), and the index is rebuilt from the live nodes when
+//! tombstones outnumber the live points.
 //!
 //! In the engine an index is built aside ([`AnnParams::build_aside`]): the views hand a copy of the space's vectors
 //! to a thread of its own ([`IndexBuild`]), go on applying epochs and serving (a space without its index is read
@@ -93,27 +98,41 @@ impl IndexBuild {
     /// Builds the index, inserting on every core (rayon).
     pub fn run(self) -> BuiltIndex {
         let mut index = NodeAnn::empty(&self.params, self.nodes.len());
-        let live: Vec<(usize, &(String, Embedding))> =
-            self.nodes.iter().filter(|(_, e)| !e.is_zero()).enumerate().collect();
-        let data: Vec<(&[Embedding], usize)> =
-            live.iter().map(|(slot, (_, e))| (std::slice::from_ref(e), *slot)).collect();
-        index.hnsw.parallel_insert_slice(&data);
-        for (slot, (id, _)) in live {
-            index.slots.push(Some(id.clone()));
-            index.live.insert(id.clone(), slot);
+        let mut fresh: Vec<usize> = Vec::new();
+        for (id, e) in &self.nodes {
+            if let Some(slot) = index.place(id, e) {
+                fresh.push(slot);
+            }
         }
+        let data: Vec<(&[Embedding], usize)> =
+            fresh.iter().map(|slot| (std::slice::from_ref(&index.points[*slot].0), *slot)).collect();
+        index.hnsw.parallel_insert_slice(&data);
         BuiltIndex { space: self.space, index, nodes: self.nodes }
     }
 }
 
 pub struct NodeAnn {
     hnsw: Hnsw<'static, Embedding, UnitCosine>,
-    /// Slot → node id; `None` once the node left or was replaced (a tombstone).
-    slots: Vec<Option<String>>,
-    /// Live node → its slot.
+    /// Point slot → its vector and the live nodes that have it, sorted (none: a tombstone).
+    points: Vec<(Embedding, Vec<String>)>,
+    /// A vector's hash → the points with a vector of that hash.
+    by_vector: HashMap<u64, Vec<usize>>,
+    /// Live node → its point.
     live: HashMap<String, usize>,
+    /// Points with at least one live node.
+    live_points: usize,
     ef_search: usize,
     params: AnnParams,
+}
+
+/// A vector's hash, over its values' bits (equal vectors, equal hashes).
+fn vector_hash(e: &Embedding) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
+    for x in e.0.iter() {
+        h.write_u32(x.to_bits());
+    }
+    h.finish()
 }
 
 impl NodeAnn {
@@ -131,8 +150,10 @@ impl NodeAnn {
     fn empty(params: &AnnParams, n: usize) -> Self {
         NodeAnn {
             hnsw: Hnsw::new(params.max_connections, n.max(1024), 16, params.ef_construction, UnitCosine),
-            slots: Vec::with_capacity(n),
+            points: Vec::new(),
+            by_vector: HashMap::new(),
             live: HashMap::with_capacity(n),
+            live_points: 0,
             ef_search: params.ef_search,
             params: params.clone(),
         }
@@ -162,14 +183,20 @@ impl NodeAnn {
         }
     }
 
-    /// Whether tombstones outnumber the living (the index should be rebuilt).
+    /// Whether tombstones outnumber the live points (the index should be rebuilt).
     pub fn worn(&self) -> bool {
-        let dead = self.slots.len() - self.live.len();
-        dead > 1024 && dead > self.live.len()
+        let dead = self.points.len() - self.live_points;
+        dead > 1024 && dead > self.live_points
     }
 
+    /// How many live nodes the index holds.
     pub fn len(&self) -> usize {
         self.live.len()
+    }
+
+    /// How many points (distinct vectors, tombstones included) the walk reads.
+    pub fn points(&self) -> usize {
+        self.points.len()
     }
 
     /// How many candidates retrieval reads of each kind.
@@ -181,22 +208,51 @@ impl NodeAnn {
         self.live.is_empty()
     }
 
+    /// Files `id` (not live, not zero) under the point of its vector: an existing point (live, or a tombstone taken
+    /// up again) or a new slot, returned, which the caller inserts into the walk.
+    fn place(&mut self, id: &str, emb: &Embedding) -> Option<usize> {
+        if emb.is_zero() {
+            return None;
+        }
+        let slots = self.by_vector.entry(vector_hash(emb)).or_default();
+        let (slot, new) = match slots.iter().find(|s| same(&self.points[**s].0, emb)) {
+            Some(s) => (*s, false),
+            None => {
+                self.points.push((emb.clone(), Vec::new()));
+                slots.push(self.points.len() - 1);
+                (self.points.len() - 1, true)
+            }
+        };
+        let ids = &mut self.points[slot].1;
+        if ids.is_empty() {
+            self.live_points += 1;
+        }
+        if let Err(at) = ids.binary_search_by(|x| x.as_str().cmp(id)) {
+            ids.insert(at, id.to_string());
+        }
+        self.live.insert(id.to_string(), slot);
+        new.then_some(slot)
+    }
+
     /// Adds (or replaces) a node. A node with no features (a zero vector) is not indexed: it is nobody's neighbour.
     pub fn insert(&mut self, id: &str, emb: &Embedding) {
         self.remove(id);
-        if emb.is_zero() {
-            return;
+        if let Some(slot) = self.place(id, emb) {
+            self.hnsw.insert_slice((std::slice::from_ref(&self.points[slot].0), slot));
         }
-        let slot = self.slots.len();
-        self.hnsw.insert_slice((std::slice::from_ref(emb), slot));
-        self.slots.push(Some(id.to_string()));
-        self.live.insert(id.to_string(), slot);
     }
 
-    /// Tombstones a node; returns whether the index should be rebuilt (tombstones outnumber the living).
+    /// Takes a node out (its point is tombstoned when it was the last to have that vector); returns whether the
+    /// index should be rebuilt (tombstones outnumber the live points).
     pub fn remove(&mut self, id: &str) -> bool {
         if let Some(slot) = self.live.remove(id) {
-            self.slots[slot] = None;
+            let ids = &mut self.points[slot].1;
+            if let Ok(at) = ids.binary_search_by(|x| x.as_str().cmp(id)) {
+                ids.remove(at);
+            }
+            if ids.is_empty() {
+                self.live_points -= 1;
+            }
         }
         self.worn()
     }
@@ -209,22 +265,27 @@ impl NodeAnn {
         NodeAnn::build(&self.params, nodes.into_iter())
     }
 
-    /// The `k` live nodes nearest to `q` as far as the walk finds them: `(cosine, id)`, best first.
+    /// The `k` live nodes nearest to `q` as far as the walk finds them: `(cosine, id)`, best first, ties by id (a
+    /// point's nodes, which share its score, in id order).
     pub fn search(&self, q: &Embedding, k: usize) -> Vec<(f32, &str)> {
         if k == 0 || self.live.is_empty() || q.is_zero() {
             return Vec::new();
         }
         let ef = self.ef_search.max(k);
-        let tombstones = self.slots.len() > self.live.len();
-        let filter = |d: &usize| self.slots.get(*d).is_some_and(Option::is_some);
+        let tombstones = self.points.len() > self.live_points;
+        let filter = |d: &usize| self.points.get(*d).is_some_and(|p| !p.1.is_empty());
         // hnsw_rs filters after cutting to `k`: with tombstones, ask for more and cut here.
         let hits = if tombstones {
             self.hnsw.search_filter(std::slice::from_ref(q), k, ef, Some(&filter))
         } else {
             self.hnsw.search(std::slice::from_ref(q), k, ef)
         };
-        let mut out: Vec<(f32, &str)> =
-            hits.into_iter().filter_map(|h| Some((1.0 - h.distance, self.slots.get(h.d_id)?.as_deref()?))).collect();
+        let mut out: Vec<(f32, &str)> = Vec::with_capacity(k);
+        for h in hits {
+            let Some((_, ids)) = self.points.get(h.d_id) else { continue };
+            // Only a point's first k nodes by id can be among the k best.
+            out.extend(ids.iter().take(k).map(|id| (1.0 - h.distance, id.as_str())));
+        }
         out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         out.truncate(k);
         out
@@ -267,5 +328,41 @@ mod tests {
         let rebuilt = ann.rebuilt(|id| by_id.get(id).copied());
         assert_eq!(rebuilt.len(), 1000);
         assert_eq!(rebuilt.search(&texts[2500].1, 1)[0].1, "n02500");
+    }
+
+    /// Nodes with the same vector share one point: a plateau is found whole, in id order, whether the index was
+    /// built in place or aside; a point all of whose nodes left is a tombstone that a node with its vector takes up
+    /// again.
+    #[test]
+    fn identical_vectors_share_one_point() {
+        let emb = HashEmbedder::default();
+        let mut nodes: Vec<(String, Embedding)> = (0..1500)
+            .map(|i| (format!("n{i:05}"), emb.embed(&format!("story {} about topic{} and word{}", i, i % 37, i % 101))))
+            .collect();
+        // 500 turns of one backchannel, each embedded on its own (equal values, separate allocations), one of them twice.
+        nodes.extend((0..500).map(|i| (format!("y{i:03}"), emb.embed("mm-hmm coffee break ."))));
+        let params = AnnParams { exhaustive_below: 0, ..AnnParams::default() };
+        let built = IndexBuild { space: "s".into(), params: params.clone(), nodes: nodes.clone() }.run().index;
+        let mut ann = NodeAnn::build(&params, nodes.iter().map(|(id, e)| (id, e)));
+        let yeah = emb.embed("mm-hmm coffee break .");
+        let first: Vec<String> = (0..10).map(|i| format!("y{i:03}")).collect();
+        for ix in [&built, &ann] {
+            assert_eq!((ix.len(), ix.points()), (2000, 1501));
+            let hits: Vec<&str> = ix.search(&yeah, 10).into_iter().map(|h| h.1).collect();
+            assert_eq!(hits, first, "the plateau, in id order");
+        }
+        for i in (0..500).filter(|i| *i != 250) {
+            ann.remove(&format!("y{i:03}"));
+        }
+        assert_eq!(ann.search(&yeah, 3)[0].1, "y250");
+        ann.remove("y250");
+        assert!(ann.search(&yeah, 20).iter().all(|h| !h.1.starts_with('y')), "a tombstone is never a hit");
+        assert_eq!((ann.len(), ann.points()), (1500, 1501));
+        ann.insert("z", &emb.embed("mm-hmm coffee break ."));
+        assert_eq!((ann.len(), ann.points()), (1501, 1501), "the tombstone is taken up again");
+        assert_eq!(ann.search(&yeah, 1)[0].1, "z");
+        // A node replaced by another vector leaves its point.
+        ann.insert("z", &emb.embed("something else entirely"));
+        assert!(ann.search(&yeah, 5).iter().all(|h| h.1 != "z"));
     }
 }
