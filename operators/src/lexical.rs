@@ -68,7 +68,7 @@ pub const B: f32 = 0.75;
 
 /// A BM25 index over documents named by id. `insert` of an id already present replaces its text. Documents and
 /// terms are interned ([`Slots`]): each id and each term is stored once, and a posting is three integers.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct LexicalIndex {
     docs: Slots<String>,
     /// Document slot → its length in terms and its distinct terms' slots (empty for a released slot).
@@ -86,22 +86,6 @@ impl std::fmt::Debug for LexicalIndex {
             .field("terms", &self.terms.len())
             .field("total_len", &self.total_len)
             .finish()
-    }
-}
-
-impl Clone for LexicalIndex {
-    fn clone(&self) -> Self {
-        let mut out = LexicalIndex::default();
-        for (s, (_, ts)) in self.doc.iter().enumerate() {
-            if !self.docs.holds(s as u32) {
-                continue;
-            }
-            let id = self.docs.key(s as u32);
-            let terms: Vec<(&str, u32)> =
-                ts.iter().map(|t| (self.terms.key(*t).as_str(), self.postings[*t as usize][&(s as u32)].0)).collect();
-            out.insert_counts(id, &terms);
-        }
-        out
     }
 }
 

@@ -16,6 +16,7 @@ pub fn bump(map: &mut HashMap<u32, isize>, k: u32, d: isize) {
 }
 
 /// Keys ↔ slots. Each key is stored once: the index holds slots only, hashed and compared through `keys`.
+#[derive(Clone)]
 pub struct Slots<K> {
     index: hashbrown::HashTable<u32>,
     hasher: foldhash::fast::RandomState,
