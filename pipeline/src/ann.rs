@@ -2,8 +2,8 @@
 //! every node once a space holds `query.exhaustive-below` nodes, so that a query costs an index lookup and a bounded
 //! candidate set, not a pass over the memory. Below that size retrieval stays exact (a pass costs less than a walk).
 //!
-//! Nodes with the same vector (identical texts: a transcript's many "yeah ." turns, a re-published article) share one
-//! point of the index, which names them all: a plateau of equal scores is one point for the walk instead of
+//! Nodes with the same vector (identical texts: a transcript's repeated backchannel turns, a re-published article)
+//! share one point of the index, which names them all: a plateau of equal scores is one point for the walk instead of
 //! hundreds that crowd the search's candidate list, and a search expands a point to its nodes.
 //!
 //! hnsw_rs cannot delete: a point whose nodes all left or were replaced is tombstoned and filtered out of searches
@@ -208,8 +208,8 @@ impl NodeAnn {
         self.live.is_empty()
     }
 
-    /// Files `id` (not live, not zero) under the point of its vector: an existing point (live, or a tombstone taken
-    /// up again) or a new slot, returned, which the caller inserts into the walk.
+    /// Files `id` (not live; a zero vector is not filed) under the point of its vector: an existing point (live, or a
+    /// tombstone taken up again) or a new slot, returned, which the caller inserts into the walk.
     fn place(&mut self, id: &str, emb: &Embedding) -> Option<usize> {
         if emb.is_zero() {
             return None;
@@ -339,7 +339,7 @@ mod tests {
         let mut nodes: Vec<(String, Embedding)> = (0..1500)
             .map(|i| (format!("n{i:05}"), emb.embed(&format!("story {} about topic{} and word{}", i, i % 37, i % 101))))
             .collect();
-        // 500 turns of one backchannel, each embedded on its own (equal values, separate allocations), one of them twice.
+        // 500 turns of one backchannel, each embedded on its own (equal values, separate allocations).
         nodes.extend((0..500).map(|i| (format!("y{i:03}"), emb.embed("mm-hmm coffee break ."))));
         let params = AnnParams { exhaustive_below: 0, ..AnnParams::default() };
         let built = IndexBuild { space: "s".into(), params: params.clone(), nodes: nodes.clone() }.run().index;
