@@ -93,7 +93,7 @@ pub(crate) fn l2_normalise(mut v: Vec<f32>) -> Embedding {
     if norm > 0.0 {
         v.iter_mut().for_each(|x| *x /= norm);
     }
-    Embedding(v.into())
+    Embedding::new(v)
 }
 
 /// A logged embedding: `{"model":M,"key":H,"vector":[…]}`.

@@ -112,7 +112,7 @@ pub fn fold(features: &[(u64, f32)], dim: usize) -> Embedding {
     if norm > 0.0 {
         v.iter_mut().for_each(|x| *x /= norm);
     }
-    Embedding(v.into())
+    Embedding::new(v)
 }
 
 impl HashEmbedder {

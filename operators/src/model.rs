@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 /// Positions are kept in thousandths so that the parts of a split chunk can sit between two whole positions and a
 /// position stays an integer (collections need `Ord`).
@@ -145,12 +146,16 @@ impl hnsw_rs::prelude::Distance<f32> for UnitCosine {
     }
 }
 
-/// The same distance over shared embeddings: an index of `Embedding` points holds one `Arc` per point (the slice of
-/// one), not a copy of its vector, and scores bit for bit as the index of `f32` points does.
+fn bits(v: &[f32]) -> impl Iterator<Item = u32> + '_ {
+    v.iter().map(|x| x.to_bits())
+}
+
+/// The same distance over shared embeddings: an index of `Embedding` points holds one handle per point (the slice of
+/// one), not a copy of its vector, and scores as [`Embedding::cos`] does, bit for bit.
 impl hnsw_rs::prelude::Distance<Embedding> for UnitCosine {
     fn eval(&self, a: &[Embedding], b: &[Embedding]) -> f32 {
         match (a, b) {
-            ([a], [b]) => (1.0 - dot(&a.0, &b.0)).max(0.0),
+            ([a], [b]) => (1.0 - a.dot(b)).max(0.0),
             _ => 1.0,
         }
     }
@@ -162,22 +167,196 @@ pub fn unit_cos(a: &[f32], b: &[f32]) -> f32 {
     1.0 - (1.0 - dot(a, b)).max(0.0)
 }
 
-/// An L2-normalised embedding (or all zeros for a text with no features). Ordered bitwise so that it can travel in a
-/// differential collection; the order means nothing beyond determinism. Shared: the dataflow's copies, the
-/// similarity index's and the views' are one allocation (serialised as the plain sequence of its values).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Embedding(pub std::sync::Arc<[f32]>);
+/// An L2-normalised embedding (or all zeros for a text with no features), shared: the dataflow's copies, the
+/// similarity index's and the views' are one allocation. A vector with at most a quarter of its components non-zero
+/// (the hash embedder's, of any text shorter than a few hundred words) is stored sparse — a bitmap of its non-zero
+/// components, their values in index order, and the bitmap's running counts — and any other dense. Which form a
+/// vector takes is a function of its values, so two equal vectors always have the same form and the same bits.
+///
+/// Ordered so that it can travel in a differential collection (the order means nothing beyond determinism), and
+/// serialised as the plain sequence of its values in either form.
+#[derive(Clone, Debug)]
+pub struct Embedding(Repr);
+
+#[derive(Clone, Debug)]
+enum Repr {
+    Dense(Arc<[f32]>),
+    Sparse(Arc<Sparse>),
+}
+
+#[derive(Debug)]
+struct Sparse {
+    dim: u32,
+    /// Bit `i % 64` of word `i / 64` set: component `i` is stored (its bits are not all zero).
+    mask: Box<[u64]>,
+    /// Stored components before each word of `mask`.
+    rank: Box<[u32]>,
+    /// The stored components in index order.
+    values: Box<[f32]>,
+}
+
+/// Vectors shorter than this stay dense whatever their zeros: a bitmap would not pay for itself.
+const SPARSE_MIN_DIM: usize = 64;
+
+impl Default for Embedding {
+    fn default() -> Self {
+        Embedding(Repr::Dense(Arc::from(Vec::new())))
+    }
+}
+
+impl From<Vec<f32>> for Embedding {
+    fn from(values: Vec<f32>) -> Self {
+        Embedding::new(values)
+    }
+}
 
 impl Embedding {
+    /// The embedding of these component values, in its form (sparse or dense).
+    pub fn new(values: Vec<f32>) -> Embedding {
+        let stored = values.iter().filter(|x| x.to_bits() != 0).count();
+        if values.len() < SPARSE_MIN_DIM || stored * 4 > values.len() {
+            return Embedding(Repr::Dense(values.into()));
+        }
+        let words = values.len().div_ceil(64);
+        let (mut mask, mut rank) = (vec![0u64; words], vec![0u32; words]);
+        let mut kept = Vec::with_capacity(stored);
+        for (w, chunk) in values.chunks(64).enumerate() {
+            rank[w] = kept.len() as u32;
+            for (bit, x) in chunk.iter().enumerate() {
+                if x.to_bits() != 0 {
+                    mask[w] |= 1 << bit;
+                    kept.push(*x);
+                }
+            }
+        }
+        Embedding(Repr::Sparse(Arc::new(Sparse {
+            dim: values.len() as u32,
+            mask: mask.into(),
+            rank: rank.into(),
+            values: kept.into(),
+        })))
+    }
+
+    /// The number of components.
+    pub fn dim(&self) -> usize {
+        match &self.0 {
+            Repr::Dense(v) => v.len(),
+            Repr::Sparse(s) => s.dim as usize,
+        }
+    }
+
+    /// Every component, zeros included.
+    pub fn to_dense(&self) -> Vec<f32> {
+        match &self.0 {
+            Repr::Dense(v) => v.to_vec(),
+            Repr::Sparse(s) => {
+                let mut out = vec![0f32; s.dim as usize];
+                for (i, x) in s.stored() {
+                    out[i] = x;
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether this vector is stored sparse.
+    pub fn is_sparse(&self) -> bool {
+        matches!(self.0, Repr::Sparse(_))
+    }
+
+    /// The dot product, summed in a fixed order: two dense vectors by [`dot`]; otherwise over the sparse one's
+    /// stored components (both vectors' when both are sparse), in index order. Deterministic and symmetric to the bit.
     pub fn dot(&self, other: &Embedding) -> f32 {
-        dot(&self.0, &other.0)
+        match (&self.0, &other.0) {
+            (Repr::Dense(a), Repr::Dense(b)) => dot(a, b),
+            (Repr::Sparse(a), Repr::Sparse(b)) => a.dot(b),
+            (Repr::Sparse(s), Repr::Dense(d)) | (Repr::Dense(d), Repr::Sparse(s)) => {
+                let mut acc = 0f32;
+                for (i, x) in s.stored().take_while(|(i, _)| *i < d.len()) {
+                    acc += x * d[i];
+                }
+                acc
+            }
+        }
     }
-    /// [`unit_cos`] of two embeddings.
+
+    /// `1 −` the HNSW index's distance ([`UnitCosine`]), bit for bit.
     pub fn cos(&self, other: &Embedding) -> f32 {
-        unit_cos(&self.0, &other.0)
+        1.0 - (1.0 - self.dot(other)).max(0.0)
     }
+
     pub fn is_zero(&self) -> bool {
-        self.0.iter().all(|x| *x == 0.0)
+        match &self.0 {
+            Repr::Dense(v) => v.iter().all(|x| *x == 0.0),
+            Repr::Sparse(s) => s.values.iter().all(|x| *x == 0.0),
+        }
+    }
+
+    /// Whether both are the same allocation (then they are equal).
+    pub fn ptr_eq(&self, other: &Embedding) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::Dense(a), Repr::Dense(b)) => Arc::ptr_eq(a, b),
+            (Repr::Sparse(a), Repr::Sparse(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// A 64-bit FNV-1a hash of the vector's components: equal vectors hash alike.
+    pub fn content_hash(&self) -> u64 {
+        let step = |h: u64, x: u64| (h ^ x).wrapping_mul(0x0100_0000_01b3);
+        match &self.0 {
+            Repr::Dense(v) => v.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| step(h, u64::from(x.to_bits()))),
+            Repr::Sparse(s) => {
+                let h = s.mask.iter().fold(0x8422_2325_cbf2_9ce4 ^ u64::from(s.dim), |h, m| step(h, *m));
+                s.values.iter().fold(h, |h, x| step(h, u64::from(x.to_bits())))
+            }
+        }
+    }
+
+    /// Bytes this vector holds on the heap (its allocations' payloads).
+    pub fn heap_bytes(&self) -> usize {
+        match &self.0 {
+            Repr::Dense(v) => 16 + 4 * v.len(),
+            Repr::Sparse(s) => 16 + std::mem::size_of::<Sparse>() + 12 * s.mask.len() + 4 * s.values.len(),
+        }
+    }
+}
+
+impl Sparse {
+    /// The stored components `(index, value)` in index order.
+    fn stored(&self) -> impl Iterator<Item = (usize, f32)> + '_ {
+        let mut k = 0;
+        self.mask.iter().enumerate().flat_map(move |(w, &word)| {
+            let mut m = word;
+            std::iter::from_fn(move || {
+                if m == 0 {
+                    return None;
+                }
+                let bit = m.trailing_zeros() as usize;
+                m &= m - 1;
+                Some(w * 64 + bit)
+            })
+        })
+        .map(move |i| {
+            k += 1;
+            (i, self.values[k - 1])
+        })
+    }
+
+    /// The products of the components both store, summed in index order.
+    fn dot(&self, other: &Sparse) -> f32 {
+        let mut acc = 0f32;
+        for (w, (&a, &b)) in self.mask.iter().zip(other.mask.iter()).enumerate() {
+            let mut both = a & b;
+            while both != 0 {
+                let below = (both & both.wrapping_neg()) - 1;
+                let i = self.rank[w] as usize + (a & below).count_ones() as usize;
+                let j = other.rank[w] as usize + (b & below).count_ones() as usize;
+                acc += self.values[i] * other.values[j];
+                both &= both - 1;
+            }
+        }
+        acc
     }
 }
 
@@ -194,9 +373,34 @@ impl PartialOrd for Embedding {
 }
 impl Ord for Embedding {
     fn cmp(&self, other: &Self) -> Ordering {
-        let a = self.0.iter().map(|x| x.to_bits());
-        let b = other.0.iter().map(|x| x.to_bits());
-        a.cmp(b)
+        if self.ptr_eq(other) {
+            return Ordering::Equal;
+        }
+        match (&self.0, &other.0) {
+            (Repr::Dense(a), Repr::Dense(b)) => bits(a).cmp(bits(b)),
+            (Repr::Sparse(a), Repr::Sparse(b)) => a
+                .dim
+                .cmp(&b.dim)
+                .then_with(|| a.mask.cmp(&b.mask))
+                .then_with(|| bits(&a.values).cmp(bits(&b.values))),
+            (Repr::Dense(_), Repr::Sparse(_)) => Ordering::Less,
+            (Repr::Sparse(_), Repr::Dense(_)) => Ordering::Greater,
+        }
+    }
+}
+
+impl Serialize for Embedding {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Repr::Dense(v) => serializer.collect_seq(v.iter()),
+            Repr::Sparse(_) => serializer.collect_seq(self.to_dense()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Embedding {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<f32>::deserialize(deserializer).map(Embedding::new)
     }
 }
 
@@ -263,6 +467,78 @@ mod id_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A seeded vector of `n` components of which about `share` are non-zero, L2-normalised.
+    fn vector(n: usize, share: f64, seed: u64) -> Vec<f32> {
+        let mut state = seed | 1;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut v: Vec<f32> = (0..n)
+            .map(|_| {
+                let r = next();
+                if ((r >> 11) as f64 / (1u64 << 53) as f64) < share {
+                    (r >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        v
+    }
+
+    /// Sparse and dense vectors, and pairs of either: the form follows the values, the values read back exactly
+    /// (and through serde), the dot product is the plain sum and symmetric to the bit, and equality and order are
+    /// the values'.
+    #[test]
+    fn an_embedding_keeps_its_values_in_either_form() {
+        let mut all = Vec::new();
+        for (i, (n, share)) in
+            [(1024, 0.02), (1024, 0.1), (1024, 0.24), (1024, 0.6), (384, 1.0), (100, 0.05), (8, 0.5), (1024, 0.0)]
+                .into_iter()
+                .enumerate()
+        {
+            for seed in 0..3u64 {
+                let v = vector(n, share, 0x9e37_79b9 * (i as u64 + 1) + seed);
+                let stored = v.iter().filter(|x| **x != 0.0).count();
+                let e = Embedding::new(v.clone());
+                assert_eq!(e.is_sparse(), n >= 64 && stored * 4 <= n, "n = {n}, {stored} stored");
+                assert_eq!(e.dim(), n);
+                assert_eq!(e.to_dense(), v);
+                assert_eq!(e.is_zero(), stored == 0);
+                let back: Embedding = serde_json::from_str(&serde_json::to_string(&e).unwrap()).unwrap();
+                assert_eq!(back, e);
+                assert_eq!(back.is_sparse(), e.is_sparse());
+                assert_eq!(back.content_hash(), e.content_hash());
+                all.push((v, e));
+            }
+        }
+        for (a, ea) in &all {
+            for (b, eb) in &all {
+                let plain: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+                let d = ea.dot(eb);
+                assert!((f64::from(d) - plain).abs() < 1e-5, "{d} against {plain}");
+                assert_eq!(d.to_bits(), eb.dot(ea).to_bits(), "symmetric");
+                assert_eq!(ea == eb, a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits())));
+                assert_eq!(ea.cmp(eb), eb.cmp(ea).reverse());
+            }
+        }
+        // A vector whose form is sparse, against the same values held dense: the products agree.
+        let (v, e) = &all[0];
+        let held = Embedding(Repr::Dense(v.clone().into()));
+        for (_, other) in &all {
+            if other.dim() == v.len() {
+                assert!((held.dot(other) - e.dot(other)).abs() < 1e-5);
+            }
+        }
+    }
 
     /// Seeded vectors of awkward lengths: the plain sum, symmetric to the bit.
     #[test]

@@ -194,7 +194,7 @@ struct Entry {
 
 /// A hash of a vector's bits, to find its class.
 fn vector_hash(e: &Embedding) -> u64 {
-    e.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(x.to_bits())).wrapping_mul(0x0100_0000_01b3))
+    e.content_hash()
 }
 
 /// The similarity graph of one space: its HNSW index of vector classes, each node's top-k list and the reverse

@@ -127,12 +127,7 @@ pub struct NodeAnn {
 
 /// A vector's hash, over its values' bits (equal vectors, equal hashes).
 fn vector_hash(e: &Embedding) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = foldhash::fast::FixedState::default().build_hasher();
-    for x in e.0.iter() {
-        h.write_u32(x.to_bits());
-    }
-    h.finish()
+    e.content_hash()
 }
 
 impl NodeAnn {
@@ -295,7 +290,7 @@ impl NodeAnn {
 /// Whether two vectors are the same: one allocation (the usual case: the views' vector is the one the build copied)
 /// or equal values.
 fn same(a: &Embedding, b: &Embedding) -> bool {
-    std::sync::Arc::ptr_eq(&a.0, &b.0) || a == b
+    a.ptr_eq(b) || a == b
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ pub fn quantised_cos(a: &[i16], b: &[i16]) -> f32 {
 
 /// The vector a quantised event vector stands for, for the similarity index.
 pub fn event_embedding(v: &[i16]) -> crate::model::Embedding {
-    crate::model::Embedding(v.iter().map(|x| f32::from(*x) / 10_000.0).collect())
+    crate::model::Embedding::new(v.iter().map(|x| f32::from(*x) / 10_000.0).collect())
 }
 
 /// The similarity index's parameters for event pairs: cosine alone (no positional term), `k` neighbours per event

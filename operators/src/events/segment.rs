@@ -63,7 +63,8 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
     // mixed its hash). Short texts score chance cosines of about ±0.07 there, around the 0.05 threshold; exact
     // features score 0 for every turn that shares no word with the event, and split conversations at each short reply
     // (the stand-up's appended turn started an event of its own): a change of the rule for its own measurement.
-    let vecs: Vec<_> = turns.iter().map(|t| fold(&features_by(&t.text, crate::hash::fnv1a), 256)).collect();
+    let vecs: Vec<Vec<f32>> =
+        turns.iter().map(|t| fold(&features_by(&t.text, crate::hash::fnv1a), 256).to_dense()).collect();
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut centroid: Vec<f32> = Vec::new();
     let mut last_time: Option<i64> = None;
@@ -75,7 +76,7 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
                 let gap = matches!((last_time, time), (Some(a), Some(b)) if b - a >= p.time_gap_secs);
                 let norm = centroid.iter().map(|x| x * x).sum::<f32>().sqrt();
                 let cos = if norm > 0.0 {
-                    vecs[i].0.iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm
+                    vecs[i].iter().zip(&centroid).map(|(a, b)| a * b).sum::<f32>() / norm
                 } else {
                     0.0
                 };
@@ -84,10 +85,10 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
         };
         if start {
             groups.push(Vec::new());
-            centroid = vec![0.0; vecs[i].0.len()];
+            centroid = vec![0.0; vecs[i].len()];
         }
         groups.last_mut().expect("a group").push(i);
-        centroid.iter_mut().zip(vecs[i].0.iter()).for_each(|(c, x)| *c += x);
+        centroid.iter_mut().zip(vecs[i].iter()).for_each(|(c, x)| *c += x);
         if time.is_some() {
             last_time = time;
         }

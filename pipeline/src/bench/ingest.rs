@@ -34,7 +34,7 @@ pub(super) fn ingest(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCo
     // The yardstick: hnsw_rs alone, inserting the same vectors with the same parameters, one thread, same clock.
     let embedder = HashEmbedder::new(config.embedder.dim);
     let vectors: Vec<Vec<f32>> =
-        deltas.iter().filter(|d| d.2 > 0).map(|d| embedder.embed(&d.1.embedding_text()).0.to_vec()).collect();
+        deltas.iter().filter(|d| d.2 > 0).map(|d| embedder.embed(&d.1.embedding_text()).to_dense()).collect();
     let t = Instant::now();
     let hnsw: Hnsw<f32, UnitCosine> =
         Hnsw::new(params.max_connections, vectors.len().max(1024), 16, params.ef_construction, UnitCosine);

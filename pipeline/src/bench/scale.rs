@@ -17,7 +17,7 @@ use hnsw_rs::prelude::Hnsw;
 use operators::ingest::Ingestor;
 use operators::model::UnitCosine;
 use operators::record::from_value;
-use operators::Record;
+use operators::{Embedding, Record};
 use serde_json::{json, Value};
 
 use super::news::News;
@@ -169,7 +169,11 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     let p = &config.similarity;
     let embedder = shared.embedder.clone();
     let mut ingestor = Ingestor::new(config.ingest.chunk_tokens);
-    let hnsw: Hnsw<f32, UnitCosine> = Hnsw::new(p.max_connections, grown.max(1024), 16, p.ef_construction, UnitCosine);
+    // Two of them: the vectors as plain `f32` slices (what a user of hnsw_rs would insert), and engram's own
+    // `Embedding`s (sparse where the vector is), so that the ratio to each is known.
+    let dense: Hnsw<f32, UnitCosine> = Hnsw::new(p.max_connections, grown.max(1024), 16, p.ef_construction, UnitCosine);
+    let shared_vectors: Hnsw<Embedding, UnitCosine> =
+        Hnsw::new(p.max_connections, grown.max(1024), 16, p.ef_construction, UnitCosine);
     let (mut at, mut slot) = (0, 0);
     for point in &mut points {
         let texts: Vec<String> = fed[at..point.size]
@@ -180,18 +184,24 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             .collect();
         at = point.size;
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let vectors = embedder.embed_batch(&refs);
+        let vectors: Vec<Embedding> = embedder.embed_batch(&refs).into_iter().filter(|v| !v.is_zero()).collect();
+        let plain: Vec<Vec<f32>> = vectors.iter().map(Embedding::to_dense).collect();
         let t = Instant::now();
-        for v in &vectors {
-            if !v.is_zero() {
-                hnsw.insert_slice((&v.0, slot));
-                slot += 1;
-            }
+        for (i, v) in plain.iter().enumerate() {
+            dense.insert_slice((v, slot + i));
         }
-        let raw = vectors.len() as f64 / t.elapsed().as_secs_f64();
+        let raw = texts.len() as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for (i, v) in vectors.iter().enumerate() {
+            shared_vectors.insert_slice((std::slice::from_ref(v), slot + i));
+        }
+        let raw_shared = texts.len() as f64 / t.elapsed().as_secs_f64();
+        slot += vectors.len();
         let ours = point.records as f64 / point.seconds;
         point.json["hnsw_rs_chunks_per_second"] = json!(raw);
         point.json["vs_hnsw_rs"] = json!(ours / raw);
+        point.json["hnsw_rs_engram_vectors_chunks_per_second"] = json!(raw_shared);
+        point.json["vs_hnsw_rs_engram_vectors"] = json!(ours / raw_shared);
     }
     for p in &points {
         if args.json {
@@ -199,12 +209,14 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         } else {
             let q = &p.json["query_ms"];
             println!(
-                "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} KB/chunk={:<6.1} events={} rel/event={:.1} \
+                "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} (over engram's vectors {:<7.0} {:<5.2}) KB/chunk={:<6.1} events={} rel/event={:.1} \
                  p95 ms flat={:.1} pg={:.1} compass={:.1}  freshness p95 ms={:.0} (hierarchy {:.0})",
                 p.json["size"],
                 p.json["chunks_per_second"].as_f64().unwrap_or(0.0),
                 p.json["hnsw_rs_chunks_per_second"].as_f64().unwrap_or(0.0),
                 p.json["vs_hnsw_rs"].as_f64().unwrap_or(0.0),
+                p.json["hnsw_rs_engram_vectors_chunks_per_second"].as_f64().unwrap_or(0.0),
+                p.json["vs_hnsw_rs_engram_vectors"].as_f64().unwrap_or(0.0),
                 p.json["rss_bytes_per_chunk"].as_f64().unwrap_or(0.0) / 1024.0,
                 p.json["events"],
                 p.json["relations_per_event"].as_f64().unwrap_or(0.0),

@@ -243,7 +243,7 @@ mod tests {
             speaker: None,
             ts: None,
         };
-        views.apply(vec![(ViewUpdate::Node("s".into(), node, Embedding(vec![1.0, 0.0].into())), 1)]);
+        views.apply(vec![(ViewUpdate::Node("s".into(), node, Embedding::new(vec![1.0, 0.0])), 1)]);
         views.as_of = Some(4);
         Checkpoint::of(&views, &c, (2, 1)).unwrap().write(&path).unwrap();
         let back = Checkpoint::read(&path, &c).unwrap().unwrap();

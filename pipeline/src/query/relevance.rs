@@ -398,7 +398,7 @@ mod tests {
         let emb = |id: &str| &view.nodes[id].1;
         let q = e.embed("pottery bowl");
         let (a, b) = (emb("c#D1:1"), emb("c#D1:2"));
-        let sum: Vec<f32> = a.0.iter().zip(b.0.iter()).map(|(x, y)| x + y).collect();
+        let sum: Vec<f32> = a.to_dense().iter().zip(b.to_dense().iter()).map(|(x, y)| x + y).collect();
         let n = sum.iter().map(|x| x * x).sum::<f32>().sqrt();
         let want = (1.0 - PREVIOUS) * q.dot(b) + PREVIOUS * (q.dot(a) + q.dot(b)) / n;
         assert!((after_q - want).abs() < 1e-4, "{after_q} {want}");
