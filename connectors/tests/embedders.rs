@@ -33,7 +33,7 @@ struct Server {
 
 /// The server's "model": a 16-dimensional hash embedding, scaled by 3 so that normalisation is visible.
 fn server_vector(text: &str) -> Vec<f32> {
-    HashEmbedder::new(16).embed(text).0.iter().map(|x| 3.0 * x).collect()
+    HashEmbedder::new(16).embed(text).to_dense().iter().map(|x| 3.0 * x).collect()
 }
 
 async fn embeddings(State(srv): State<Arc<Server>>, Json(body): Json<Value>) -> Response {
@@ -110,7 +110,7 @@ async fn embed(
             Err(e) => return (Err(e), String::new()),
         };
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let out = e.embed_batch(&refs).into_iter().map(|e| e.0.to_vec()).collect();
+        let out = e.embed_batch(&refs).into_iter().map(|e| e.to_dense()).collect();
         let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
         (Ok(out), text)
     })
@@ -198,14 +198,14 @@ fn local_minilm_matches_sentence_transformers() {
     let got = e.embed_batch(&texts);
     for (item, v) in items.iter().zip(&got) {
         let want = normalised(item["vector"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect());
-        let cos: f32 = v.0.iter().zip(&want).map(|(a, b)| a * b).sum();
+        let cos: f32 = v.to_dense().iter().zip(&want).map(|(a, b)| a * b).sum();
         assert!(cos >= 0.999, "cosine {cos} for {:?}", item["text"]);
-        let norm: f32 = v.0.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let norm: f32 = v.to_dense().iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4);
     }
     // One at a time equals in a batch.
     let single = e.embed(texts[1]);
-    let cos: f32 = single.0.iter().zip(got[1].0.iter()).map(|(a, b)| a * b).sum();
+    let cos: f32 = single.to_dense().iter().zip(got[1].to_dense().iter()).map(|(a, b)| a * b).sum();
     assert!(cos > 0.99999);
     // A missing directory is a clear error.
     let err = LocalEmbedder::load(std::path::Path::new("/nonexistent/model"), 8).err().unwrap();

@@ -174,7 +174,7 @@ pub fn unit_cos(a: &[f32], b: &[f32]) -> f32 {
 /// vector takes is a function of its values, so two equal vectors always have the same form and the same bits.
 ///
 /// Ordered so that it can travel in a differential collection (the order means nothing beyond determinism), and
-/// serialised as the plain sequence of its values in either form.
+/// serialised in its form (a sparse vector as its dimension, bitmap and stored values).
 #[derive(Clone, Debug)]
 pub struct Embedding(Repr);
 
@@ -389,18 +389,54 @@ impl Ord for Embedding {
     }
 }
 
+/// The serialised form: a dense vector's values, or a sparse one's dimension, bitmap and stored values.
+#[derive(Serialize)]
+enum WireRef<'a> {
+    Dense(&'a [f32]),
+    Sparse { dim: u32, mask: &'a [u64], values: &'a [f32] },
+}
+
+#[derive(Deserialize)]
+enum Wire {
+    Dense(Vec<f32>),
+    Sparse { dim: u32, mask: Vec<u64>, values: Vec<f32> },
+}
+
 impl Serialize for Embedding {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match &self.0 {
-            Repr::Dense(v) => serializer.collect_seq(v.iter()),
-            Repr::Sparse(_) => serializer.collect_seq(self.to_dense()),
+            Repr::Dense(v) => WireRef::Dense(v),
+            Repr::Sparse(s) => WireRef::Sparse { dim: s.dim, mask: &s.mask, values: &s.values },
         }
+        .serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for Embedding {
+    /// Either form read back into the form its values take; a sparse form whose bitmap and values disagree is an
+    /// error.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Vec::<f32>::deserialize(deserializer).map(Embedding::new)
+        match Wire::deserialize(deserializer)? {
+            Wire::Dense(v) => Ok(Embedding::new(v)),
+            Wire::Sparse { dim, mask, values } => {
+                let stored: usize = mask.iter().map(|m| m.count_ones() as usize).sum();
+                let beyond = mask.last().is_some_and(|m| dim % 64 != 0 && m >> (dim % 64) != 0);
+                if mask.len() != (dim as usize).div_ceil(64) || stored != values.len() || beyond {
+                    return Err(serde::de::Error::custom("a sparse embedding whose bitmap and values disagree"));
+                }
+                let mut out = vec![0f32; dim as usize];
+                let mut k = 0;
+                for (w, word) in mask.iter().enumerate() {
+                    let mut m = *word;
+                    while m != 0 {
+                        out[w * 64 + m.trailing_zeros() as usize] = values[k];
+                        k += 1;
+                        m &= m - 1;
+                    }
+                }
+                Ok(Embedding::new(out))
+            }
+        }
     }
 }
 
@@ -517,6 +553,9 @@ mod tests {
                 assert_eq!(back, e);
                 assert_eq!(back.is_sparse(), e.is_sparse());
                 assert_eq!(back.content_hash(), e.content_hash());
+                // The dense form of any vector reads back into the form its values take.
+                let plain = serde_json::json!({ "Dense": v });
+                assert_eq!(serde_json::from_value::<Embedding>(plain).unwrap(), e);
                 all.push((v, e));
             }
         }
@@ -529,6 +568,14 @@ mod tests {
                 assert_eq!(ea == eb, a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits())));
                 assert_eq!(ea.cmp(eb), eb.cmp(ea).reverse());
             }
+        }
+        // A sparse form whose bitmap and values disagree does not read.
+        for bad in [
+            r#"{"Sparse":{"dim":128,"mask":[3,0],"values":[0.5]}}"#,
+            r#"{"Sparse":{"dim":128,"mask":[1],"values":[1.0]}}"#,
+            r#"{"Sparse":{"dim":100,"mask":[1,1099511627776],"values":[0.5,0.5]}}"#,
+        ] {
+            assert!(serde_json::from_str::<Embedding>(bad).is_err(), "{bad}");
         }
         // A vector whose form is sparse, against the same values held dense: the products agree.
         let (v, e) = &all[0];

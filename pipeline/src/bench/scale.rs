@@ -146,6 +146,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         grown = fed.len();
         let rss = rss_bytes();
         let (nodes, events, relations, topics, layers, degrees) = counts(&shared, &space);
+        let vector_bytes = vector_bytes(&shared, &space);
         let latency = query_latency(&shared, &space, &fed, &mut questions, args.queries);
         let ids_before = cluster_ids(&shared, &space);
         let streamed = fed.len();
@@ -156,6 +157,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
             "segment_records": records, "segment_seconds": seconds,
             "chunks_per_second": records as f64 / seconds,
             "rss_bytes": rss, "rss_bytes_per_chunk": rss.saturating_sub(baseline) as f64 / nodes.max(1) as f64,
+            "vector_bytes_per_chunk": vector_bytes as f64 / nodes.max(1) as f64,
             "events": events, "relations": relations, "relations_per_event": relations as f64 / events.max(1) as f64,
             "topics": topics, "layers": layers, "layer_degrees": degrees, "query_ms": latency, "freshness_ms": fresh,
             "clusters_replaced_per_streamed_record": replaced,
@@ -209,7 +211,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         } else {
             let q = &p.json["query_ms"];
             println!(
-                "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} (over engram's vectors {:<7.0} {:<5.2}) KB/chunk={:<6.1} events={} rel/event={:.1} \
+                "size={:<8} chunks/s={:<7.0} hnsw_rs/s={:<7.0} ratio={:<5.2} (over engram's vectors {:<7.0} {:<5.2}) KB/chunk={:<6.1} (vectors {:.2}) events={} rel/event={:.1} \
                  p95 ms flat={:.1} pg={:.1} compass={:.1}  freshness p95 ms={:.0} (hierarchy {:.0})",
                 p.json["size"],
                 p.json["chunks_per_second"].as_f64().unwrap_or(0.0),
@@ -218,6 +220,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
                 p.json["hnsw_rs_engram_vectors_chunks_per_second"].as_f64().unwrap_or(0.0),
                 p.json["vs_hnsw_rs_engram_vectors"].as_f64().unwrap_or(0.0),
                 p.json["rss_bytes_per_chunk"].as_f64().unwrap_or(0.0) / 1024.0,
+                p.json["vector_bytes_per_chunk"].as_f64().unwrap_or(0.0) / 1024.0,
                 p.json["events"],
                 p.json["relations_per_event"].as_f64().unwrap_or(0.0),
                 q["flat"]["p95"].as_f64().unwrap_or(0.0),
@@ -229,6 +232,12 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The heap bytes of the layer-0 vectors of `space` (each held once, shared by the engine's parts).
+fn vector_bytes(shared: &Shared, space: &str) -> usize {
+    let views = shared.views();
+    views.spaces.get(space).map_or(0, |v| v.nodes.values().map(|(_, e)| e.heap_bytes()).sum())
 }
 
 /// (layer-0 nodes, events, relations, topics, nodes per layer).

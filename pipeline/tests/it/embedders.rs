@@ -22,7 +22,7 @@ async fn embeddings(State(seen): State<Arc<Mutex<Vec<String>>>>, Json(body): Jso
     seen.lock().unwrap().extend(inputs.iter().cloned());
     let e = HashEmbedder::new(64);
     let data: Vec<Value> =
-        inputs.iter().enumerate().map(|(i, t)| json!({"index": i, "embedding": e.embed(t).0})).collect();
+        inputs.iter().enumerate().map(|(i, t)| json!({"index": i, "embedding": e.embed(t).to_dense()})).collect();
     Json(json!({"data": data, "usage": {"prompt_tokens": 9, "total_tokens": 9}}))
 }
 
