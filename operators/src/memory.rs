@@ -164,7 +164,8 @@ where
             Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
         (s, node)
     });
-    let by_conversation = embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.doc, n.id, events::quantise(&v.to_dense())));
+    let by_conversation =
+        embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.doc, n.id, events::quantise(&v.to_dense())));
     let event_vectors = by_conversation.clone().map(|(s, _, id, v)| (s, id, v));
     // Links at the merge threshold; with the judge on (and a model), the pairs just below it go to the model.
     let micro = |x: f32| (f64::from(x) * 1e6).round() as i64;

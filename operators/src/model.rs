@@ -326,21 +326,24 @@ impl Sparse {
     /// The stored components `(index, value)` in index order.
     fn stored(&self) -> impl Iterator<Item = (usize, f32)> + '_ {
         let mut k = 0;
-        self.mask.iter().enumerate().flat_map(move |(w, &word)| {
-            let mut m = word;
-            std::iter::from_fn(move || {
-                if m == 0 {
-                    return None;
-                }
-                let bit = m.trailing_zeros() as usize;
-                m &= m - 1;
-                Some(w * 64 + bit)
+        self.mask
+            .iter()
+            .enumerate()
+            .flat_map(move |(w, &word)| {
+                let mut m = word;
+                std::iter::from_fn(move || {
+                    if m == 0 {
+                        return None;
+                    }
+                    let bit = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    Some(w * 64 + bit)
+                })
             })
-        })
-        .map(move |i| {
-            k += 1;
-            (i, self.values[k - 1])
-        })
+            .map(move |i| {
+                k += 1;
+                (i, self.values[k - 1])
+            })
     }
 
     /// The products of the components both store, summed in index order.
@@ -378,11 +381,9 @@ impl Ord for Embedding {
         }
         match (&self.0, &other.0) {
             (Repr::Dense(a), Repr::Dense(b)) => bits(a).cmp(bits(b)),
-            (Repr::Sparse(a), Repr::Sparse(b)) => a
-                .dim
-                .cmp(&b.dim)
-                .then_with(|| a.mask.cmp(&b.mask))
-                .then_with(|| bits(&a.values).cmp(bits(&b.values))),
+            (Repr::Sparse(a), Repr::Sparse(b)) => {
+                a.dim.cmp(&b.dim).then_with(|| a.mask.cmp(&b.mask)).then_with(|| bits(&a.values).cmp(bits(&b.values)))
+            }
             (Repr::Dense(_), Repr::Sparse(_)) => Ordering::Less,
             (Repr::Sparse(_), Repr::Dense(_)) => Ordering::Greater,
         }

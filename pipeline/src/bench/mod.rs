@@ -43,6 +43,9 @@ pub enum BenchName {
     /// insertion of the same vectors, resident memory per chunk, query latency per mode, and freshness under a steady
     /// stream. `--input` names the records (one space); without it, a synthetic news stream.
     Scale,
+    /// The synthetic news stream that `scale` grows without `--input`: its first `max(--sizes)` chunk records as
+    /// JSONL on standard output (for `engram run --input`, `scripts/restart_bench.py` and other tools).
+    News,
 }
 
 #[derive(Args)]
@@ -111,6 +114,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchName::Llm => llm::llm_bench(&args),
         BenchName::Kafka => kafka::kafka_bench(&args),
         BenchName::Scale => scale::scale(&args, &config),
+        BenchName::News => news::write_records(&args),
     }
 }
 

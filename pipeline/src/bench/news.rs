@@ -65,6 +65,28 @@ pub struct News {
     recent: Vec<Vec<String>>,
 }
 
+/// The stream `bench scale` grows its synthetic space from, and `bench news` writes.
+pub fn stream() -> News {
+    News::new("news", 42)
+}
+
+/// `engram bench news`: the first `max(--sizes)` chunk records of [`stream`], one JSON object a line.
+pub(super) fn write_records(args: &super::BenchArgs) -> anyhow::Result<std::process::ExitCode> {
+    use std::io::Write;
+    let n = args.sizes.iter().copied().max().unwrap_or(0);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut news = stream();
+    let mut written = 0;
+    while written < n {
+        for r in news.next_doc().into_iter().take(n - written) {
+            writeln!(out, "{r}")?;
+            written += 1;
+        }
+    }
+    out.flush()?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 impl News {
     pub fn new(space: &str, seed: u64) -> News {
         let mut acc = 0.0;

@@ -85,7 +85,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     config.checkpoint.interval = std::time::Duration::ZERO;
     config.ingest.epoch_max_records = args.batch.max(1);
     let (mut corpus, corpus_name) = if args.inputs.is_empty() {
-        (Corpus::News(Box::new(News::new("news", 42)), VecDeque::new()), "synthetic-news".to_string())
+        (Corpus::News(Box::new(super::news::stream()), VecDeque::new()), "synthetic-news".to_string())
     } else {
         let mut all = Vec::new();
         for path in &args.inputs {

@@ -16,7 +16,15 @@ fn points(args: &[&str]) -> Vec<Value> {
 fn check(p: &Value, size: u64) {
     assert_eq!(p["bench"], "scale");
     assert!(p["size"].as_u64().unwrap() >= size, "{p}");
-    for key in ["chunks_per_second", "hnsw_rs_chunks_per_second", "vs_hnsw_rs", "rss_bytes_per_chunk"] {
+    for key in [
+        "chunks_per_second",
+        "hnsw_rs_chunks_per_second",
+        "vs_hnsw_rs",
+        "hnsw_rs_engram_vectors_chunks_per_second",
+        "vs_hnsw_rs_engram_vectors",
+        "rss_bytes_per_chunk",
+        "vector_bytes_per_chunk",
+    ] {
         assert!(p[key].as_f64().unwrap() > 0.0, "{key}: {p}");
     }
     for mode in ["flat", "prune-and-grow", "compass"] {
@@ -42,6 +50,32 @@ fn scale_bench_grows_one_news_space() {
     assert_eq!(ps[0]["corpus"], "synthetic-news");
     assert_eq!(ps[1]["layers"][0], ps[1]["size"], "layer 0 is the space: {}", ps[1]);
     assert_eq!(ps[1]["events"], 0, "chunks make no events: {}", ps[1]);
+}
+
+/// `bench news` writes the synthetic stream as records: the same on every run, chunks of one space, and a file of
+/// them grows a space as the generator does.
+#[test]
+fn news_bench_writes_the_synthetic_stream_as_records() {
+    let write = |n: &str| {
+        let out = crate::common::engram().args(["bench", "news", "--sizes", n]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (a, b) = (write("300"), write("300"));
+    assert_eq!(a, b, "the stream is seeded");
+    assert!(write("120").lines().eq(a.lines().take(120)), "a shorter stream is a prefix of a longer one");
+    let rows: Vec<Value> = a.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 300);
+    assert!(rows.iter().all(|r| r["space"] == "news" && r["kind"] == "chunk"), "{}", rows[0]);
+    let docs: std::collections::HashSet<&str> = rows.iter().map(|r| r["doc"].as_str().unwrap()).collect();
+    assert!(docs.len() > 300 / 8 && docs.len() < 300, "documents of one to eight chunks: {}", docs.len());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("news.jsonl");
+    std::fs::write(&file, &a).unwrap();
+    let ps = points(&["--input", file.to_str().unwrap(), "--sizes", "200"]);
+    check(&ps[0], 200);
+    assert_eq!(ps[0]["space"], "news");
+    assert_eq!(ps[0]["events"], 0, "chunks make no events: {}", ps[0]);
 }
 
 #[test]
