@@ -114,9 +114,11 @@ def main():
         def logged():
             """The input log's lines and the epoch of its last record."""
             try:
-                lines = open(os.path.join(dir_, "input.log")).read().splitlines()
+                text = open(os.path.join(dir_, "input.log")).read()
             except OSError:
                 return 0, None
+            # Only whole lines: the engine may be writing the last one.
+            lines = text[: text.rfind("\n") + 1].splitlines()
             if not lines:
                 return 0, None
             return len(lines), json.loads(lines[-1].split("\t")[0])["epoch"]
