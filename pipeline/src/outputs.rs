@@ -1,6 +1,7 @@
 //! engram's output topics (feature `kafka`): the memory-change topic, the dead-letter topic and the LLM response log
 //! topic. Without Kafka configured (or built), every method is a no-op and the file outputs are the only ones.
 
+#[cfg(feature = "kafka")]
 use std::time::Duration;
 
 use connectors::LoggedResponse;

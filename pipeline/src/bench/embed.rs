@@ -14,6 +14,7 @@ pub(super) fn embed_bench(args: &BenchArgs, config: &Config) -> anyhow::Result<E
         load_nodes(args, config)?.into_iter().filter(|d| d.2 > 0).map(|d| d.1.embedding_text()).collect();
     anyhow::ensure!(!texts.is_empty(), "no chunks in the inputs");
     let words = texts.iter().map(|t| t.split_whitespace().count()).sum::<usize>() as f64 / texts.len() as f64;
+    #[cfg_attr(not(feature = "local-embedder"), allow(unused_mut))]
     let mut embedders: Vec<(&str, usize, Arc<dyn Embedder>)> =
         vec![("hash", 0, Arc::new(HashEmbedder::new(config.embedder.dim)))];
     #[cfg(feature = "local-embedder")]
