@@ -102,6 +102,11 @@ pub fn features_by(text: &str, hash: fn(&[u8]) -> u64) -> Vec<(u64, f32)> {
 
 /// Features folded into `dim` signed buckets (bucket: the hash modulo `dim`; sign: its top bit), L2-normalised.
 pub fn fold(features: &[(u64, f32)], dim: usize) -> Embedding {
+    Embedding::new(fold_values(features, dim))
+}
+
+/// [`fold`]'s component values, every one of them (zeros included).
+pub fn fold_values(features: &[(u64, f32)], dim: usize) -> Vec<f32> {
     let mut v = vec![0f32; dim];
     for &(h, weight) in features {
         let idx = (h % dim as u64) as usize;
@@ -112,7 +117,7 @@ pub fn fold(features: &[(u64, f32)], dim: usize) -> Embedding {
     if norm > 0.0 {
         v.iter_mut().for_each(|x| *x /= norm);
     }
-    Embedding::new(v)
+    v
 }
 
 impl HashEmbedder {

@@ -192,11 +192,6 @@ struct Entry {
     class: Option<usize>,
 }
 
-/// A hash of a vector's bits, to find its class.
-fn vector_hash(e: &Embedding) -> u64 {
-    e.content_hash()
-}
-
 /// The similarity graph of one space: its HNSW index of vector classes, each node's top-k list and the reverse
 /// lists.
 pub struct SimilarityIndex {
@@ -204,7 +199,7 @@ pub struct SimilarityIndex {
     hnsw: Hnsw<'static, Embedding, UnitCosine>,
     /// HNSW data id → its class; `None` once emptied.
     classes: Vec<Option<Class>>,
-    /// [`vector_hash`] → the live classes with that hash.
+    /// [`Embedding::content_hash`] → the live classes with that hash.
     by_vector: HashMap<u64, Vec<usize>>,
     tombstones: usize,
     entries: HashMap<Arc<str>, Entry>,
@@ -423,7 +418,7 @@ impl SimilarityIndex {
                 class.by_weakest.remove(&(weakest(list, self.params.k), id.clone()));
             }
             if class.members.is_empty() {
-                let h = vector_hash(&class.emb);
+                let h = class.emb.content_hash();
                 self.classes[c] = None;
                 self.tombstones += 1;
                 if let Some(cs) = self.by_vector.get_mut(&h) {
@@ -445,7 +440,7 @@ impl SimilarityIndex {
 
     /// The class of a vector, made (and put into the index) if no live node has it.
     fn class_for(&mut self, emb: Embedding) -> usize {
-        let h = vector_hash(&emb);
+        let h = emb.content_hash();
         let found = self.by_vector.get(&h).and_then(|cs| {
             cs.iter().copied().find(|c| self.classes[*c].as_ref().is_some_and(|class| class.emb == emb))
         });
@@ -646,7 +641,7 @@ impl SimilarityIndex {
         for class in live {
             let slot = self.classes.len();
             self.hnsw.insert_slice((std::slice::from_ref(&class.emb), slot));
-            self.by_vector.entry(vector_hash(&class.emb)).or_default().push(slot);
+            self.by_vector.entry(class.emb.content_hash()).or_default().push(slot);
             for m in &class.members {
                 self.entries.get_mut(m).expect("a member is live").class = Some(slot);
             }

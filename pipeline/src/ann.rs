@@ -125,11 +125,6 @@ pub struct NodeAnn {
     params: AnnParams,
 }
 
-/// A vector's hash, over its values' bits (equal vectors, equal hashes).
-fn vector_hash(e: &Embedding) -> u64 {
-    e.content_hash()
-}
-
 impl NodeAnn {
     /// An index over `nodes` (id, embedding).
     pub fn build<'a>(params: &AnnParams, nodes: impl Iterator<Item = (&'a String, &'a Embedding)>) -> Self {
@@ -163,7 +158,7 @@ impl NodeAnn {
     ) {
         for (id, e) in built {
             match now.get(id) {
-                Some((_, current)) if same(current, e) => {}
+                Some((_, current)) if current == e => {}
                 Some((_, current)) => self.insert(id, current),
                 None => {
                     self.remove(id);
@@ -209,8 +204,8 @@ impl NodeAnn {
         if emb.is_zero() {
             return None;
         }
-        let slots = self.by_vector.entry(vector_hash(emb)).or_default();
-        let (slot, new) = match slots.iter().find(|s| same(&self.points[**s].0, emb)) {
+        let slots = self.by_vector.entry(emb.content_hash()).or_default();
+        let (slot, new) = match slots.iter().find(|s| self.points[**s].0 == *emb) {
             Some(s) => (*s, false),
             None => {
                 self.points.push((emb.clone(), Vec::new()));
@@ -285,12 +280,6 @@ impl NodeAnn {
         out.truncate(k);
         out
     }
-}
-
-/// Whether two vectors are the same: one allocation (the usual case: the views' vector is the one the build copied)
-/// or equal values.
-fn same(a: &Embedding, b: &Embedding) -> bool {
-    a.ptr_eq(b) || a == b
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::embed::{features_by, fold};
+use crate::embed::{features_by, fold_values};
 use crate::llm::{EventDraft, TurnIn};
 use crate::summary::extractive_summary;
 
@@ -64,7 +64,7 @@ pub fn extractive_segments(turns: &[TurnIn], p: &SegmentParams) -> Vec<EventDraf
     // features score 0 for every turn that shares no word with the event, and split conversations at each short reply
     // (the stand-up's appended turn started an event of its own): a change of the rule for its own measurement.
     let vecs: Vec<Vec<f32>> =
-        turns.iter().map(|t| fold(&features_by(&t.text, crate::hash::fnv1a), 256).to_dense()).collect();
+        turns.iter().map(|t| fold_values(&features_by(&t.text, crate::hash::fnv1a), 256)).collect();
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut centroid: Vec<f32> = Vec::new();
     let mut last_time: Option<i64> = None;
