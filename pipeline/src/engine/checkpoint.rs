@@ -243,14 +243,25 @@ mod tests {
             speaker: None,
             ts: None,
         };
-        views.apply(vec![(ViewUpdate::Node("s".into(), node, Embedding::new(vec![1.0, 0.0])), 1)]);
+        // A vector stored sparse (3 of 1,024 components) travels in its form and reads back the same.
+        let mut values = vec![0f32; 1024];
+        (values[3], values[500], values[1023]) = (0.6, -0.48, 0.64);
+        let sparse = Embedding::new(values);
+        assert!(sparse.is_sparse());
+        let second = operators::Node { id: "d#1".into(), pos: 1000, ..node.clone() };
+        views.apply(vec![
+            (ViewUpdate::Node("s".into(), node, Embedding::new(vec![1.0, 0.0])), 1),
+            (ViewUpdate::Node("s".into(), second, sparse.clone()), 1),
+        ]);
         views.as_of = Some(4);
         Checkpoint::of(&views, &c, (2, 1)).unwrap().write(&path).unwrap();
         let back = Checkpoint::read(&path, &c).unwrap().unwrap();
-        assert_eq!((back.epoch, back.replies, back.records, back.updates.len()), (4, 2, 1, 1));
+        assert_eq!((back.epoch, back.replies, back.records, back.updates.len()), (4, 2, 1, 2));
         let mut restored = Views::default();
         back.restore(&mut restored);
-        assert_eq!((restored.as_of, restored.node_count()), (Some(4), 1));
+        assert_eq!((restored.as_of, restored.node_count()), (Some(4), 2));
+        let read = &restored.spaces["s"].nodes["d#1"].1;
+        assert!(read.is_sparse() && *read == sparse, "{read:?}");
 
         let other = config(&[("ENGRAM__SIMILARITY__THETA", "0.9")]);
         assert!(refused(Checkpoint::read(&path, &other)).contains("another configuration"));
@@ -259,6 +270,9 @@ mod tests {
         bytes[at] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(refused(Checkpoint::read(&path, &c)), "checksum mismatch");
+        // A checkpoint of the format before (its vectors dense) is refused by its first line, and rebuilt.
+        std::fs::write(&path, [&b"engram checkpoint 2\n"[..], &bytes[MAGIC.len()..]].concat()).unwrap();
+        assert!(refused(Checkpoint::read(&path, &c)).contains("another version"));
         std::fs::write(&path, b"garbage").unwrap();
         assert!(refused(Checkpoint::read(&path, &c)).contains("not an engram checkpoint"));
     }
