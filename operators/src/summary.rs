@@ -288,8 +288,11 @@ impl SummaryCache {
 }
 
 /// When a waiting request goes to the model. A request (`(space, content key)`) is sent once it has waited
-/// `debounce` unchanged — a cluster still changing gets a new content key, and so a new wait — and at most once
-/// until [`Scheduler::retry`]. A live session (a meeting being transcribed) changes with every turn and so never
+/// `debounce` unchanged — a cluster still changing gets a new content key, and so a new wait — or, for a cluster's
+/// summary, once the cluster's *members* have been unchanged that long ([`Scheduler::due_given`]): a cluster above
+/// layer 1 gets a new key when a member's summary arrives, and waiting again for each would make the layers' summaries
+/// a chain of debounces, one per layer, after a bulk load or a change. It is sent at most once until
+/// [`Scheduler::retry`], which waits another debounce whatever the members do. A live session (a meeting being transcribed) changes with every turn and so never
 /// waits out the debounce: its newest content is sent anyway once `max_latency` has passed since the session was
 /// last sent. Time is whatever the caller counts in (the engine's wall clock, a bench's epochs), from any origin.
 #[derive(Debug)]
@@ -298,6 +301,8 @@ pub struct Scheduler {
     max_latency: Duration,
     first_seen: HashMap<(String, String), Duration>,
     sent: HashSet<(String, String)>,
+    /// Failed requests: not sent again before this.
+    retry_at: HashMap<(String, String), Duration>,
     /// Per live session `(space, conversation, session)`: since when its newest turns have waited for the model.
     session_since: HashMap<(String, String, i64), Duration>,
 }
@@ -313,6 +318,7 @@ impl Scheduler {
             max_latency,
             first_seen: HashMap::new(),
             sent: HashSet::new(),
+            retry_at: HashMap::new(),
             session_since: HashMap::new(),
         }
     }
@@ -320,9 +326,21 @@ impl Scheduler {
     /// The requests of `waiting` (everything waiting now) that are due at `now`, in the order given; forgets the
     /// requests no longer waiting.
     pub fn due<'a>(&mut self, waiting: &'a [Waiting], now: Duration) -> Vec<&'a Waiting> {
+        self.due_given(waiting, now, |_, _| None)
+    }
+
+    /// [`Scheduler::due`], where `members_since(space, cluster)` is when a cluster's members last changed (`None`:
+    /// not known): a summary whose cluster's members have been unchanged for the debounce is due at once.
+    pub fn due_given<'a>(
+        &mut self,
+        waiting: &'a [Waiting],
+        now: Duration,
+        members_since: impl Fn(&str, &str) -> Option<Duration>,
+    ) -> Vec<&'a Waiting> {
         let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
         self.first_seen.retain(|k, _| live.contains(k));
         self.sent.retain(|k| live.contains(k));
+        self.retry_at.retain(|k, _| live.contains(k));
         let sessions: HashSet<(&str, &str, i64)> = waiting
             .iter()
             .filter_map(|((space, _), r)| match r.as_ref() {
@@ -337,7 +355,12 @@ impl Scheduler {
         for w in waiting {
             let (key, request) = w;
             let seen = *self.first_seen.entry(key.clone()).or_insert(now);
-            let stable = now.saturating_sub(seen) >= self.debounce;
+            let settled = |since: Duration| now.saturating_sub(since) >= self.debounce;
+            let members_settled = match request.as_ref() {
+                ModelRequest::Summary { cluster, .. } => members_since(&key.0, cluster).is_some_and(settled),
+                _ => false,
+            };
+            let stable = (settled(seen) || members_settled) && self.retry_at.get(key).is_none_or(|at| now >= *at);
             let session = match request.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
                     Some((key.0.clone(), conversation.clone(), *session))
@@ -363,6 +386,7 @@ impl Scheduler {
     pub fn retry(&mut self, key: &(String, String), now: Duration) {
         self.sent.remove(key);
         self.first_seen.insert(key.clone(), now);
+        self.retry_at.insert(key.clone(), now + self.debounce);
     }
 
     /// A reply that could not be kept: the request is due again at once.
@@ -398,6 +422,39 @@ impl SummaryCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn summary(space: &str, key: &str, cluster: &str, text: &str) -> Waiting {
+        let members = vec![("n1".to_string(), text.to_string())];
+        let request = ModelRequest::Summary { layer: 2, cluster: cluster.into(), members };
+        ((space.into(), key.into()), std::sync::Arc::new(request))
+    }
+
+    /// A request waits out the debounce on its key, unless its cluster's members have been unchanged that long (a
+    /// member's new summary gives an upper cluster a new key); a retried request waits a debounce whatever its
+    /// members do; each is sent once.
+    #[test]
+    fn a_summary_waits_for_its_key_or_its_settled_members() {
+        let s = Duration::from_secs;
+        let keys = |due: Vec<&Waiting>| due.into_iter().map(|w| w.0 .1.clone()).collect::<Vec<_>>();
+        let mut sch = Scheduler::new(s(10), Duration::MAX);
+        let waiting = vec![summary("a", "k1", "L2:x", "one"), summary("a", "k2", "L2:y", "two")];
+        // L2:x's members changed at 0, L2:y's at 5; both keys first seen at 12.
+        let since = |_: &str, c: &str| Some(if c == "L2:x" { s(0) } else { s(5) });
+        assert_eq!(keys(sch.due_given(&waiting, s(12), since)), ["k1"], "settled members: due at once");
+        assert!(sch.due_given(&waiting, s(14), since).is_empty(), "sent once; L2:y's members not settled");
+        assert_eq!(keys(sch.due_given(&waiting, s(15), since)), ["k2"]);
+        // Without what the members did, the key's own wait.
+        let mut plain = Scheduler::new(s(10), Duration::MAX);
+        assert!(plain.due(&waiting, s(12)).is_empty());
+        assert_eq!(keys(plain.due(&waiting, s(22))), ["k1", "k2"]);
+        // A failure: another debounce, even though the members settled long ago.
+        sch.retry(&("a".into(), "k1".into()), s(20));
+        assert!(sch.due_given(&waiting, s(25), since).is_empty());
+        assert_eq!(keys(sch.due_given(&waiting, s(30), since)), ["k1"]);
+        // A request no longer waiting is forgotten: back again, it is new.
+        assert!(sch.due_given(&waiting[1..], s(31), since).is_empty());
+        assert_eq!(keys(sch.due_given(&waiting, s(32), since)), ["k1"]);
+    }
 
     #[test]
     fn picks_central_sentences_in_order_within_budget() {

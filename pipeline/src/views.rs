@@ -109,6 +109,9 @@ pub struct ClusterView {
     pub layer: u32,
     pub members: BTreeSet<String>,
     pub summary: Option<(String, Embedding)>,
+    /// When its members last changed in the views: a cluster whose members have settled is summarised without
+    /// waiting out the debounce again for each new text of a member ([`operators::summary::Scheduler`]).
+    pub members_since: Option<std::time::Instant>,
     /// The summary's terms, counted once for retrieval's BM25.
     pub summary_terms: operators::lexical::TermCounts,
 }
@@ -342,11 +345,15 @@ impl SpaceView {
         if d > 0 {
             let cv = self.clusters.entry(c.clone()).or_default();
             cv.layer = layer;
-            cv.members.insert(m.clone());
+            if cv.members.insert(m.clone()) {
+                cv.members_since = Some(std::time::Instant::now());
+            }
             self.parents.entry(m).or_default().insert(c);
         } else {
             if let Some(cv) = self.clusters.get_mut(&c) {
-                cv.members.remove(&m);
+                if cv.members.remove(&m) {
+                    cv.members_since = Some(std::time::Instant::now());
+                }
                 if cv.members.is_empty() {
                     self.clusters.remove(&c);
                 }

@@ -1,11 +1,12 @@
 //! The summariser: serves the requests the views list as waiting for the model (cluster summaries, session
-//! segmentations, co-reference judgements). When one is due is [`Scheduler`]'s rule (a debounce per content key, and
-//! a latency bound for live sessions); a grown cluster may reuse an earlier summary ([`SummaryCache::plan`]). The
+//! segmentations, co-reference judgements). When one is due is [`Scheduler`]'s rule (a debounce per content key or,
+//! for a summary, on its cluster's members, and a latency bound for live sessions); a grown cluster may reuse an earlier summary ([`SummaryCache::plan`]). The
 //! rest go to the model on up to `llm.max-in-flight` threads. Each reply is appended to the response log (fsync'd)
 //! and queued as an input for the next epoch. A failed request is retried after another debounce, up to
 //! `llm.max-failures` attempts; then its extractive answer is logged in its place, with the reason, and it is asked
 //! again only when its content (so its key) changes.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -80,17 +81,34 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
         fallback: None,
     };
     // Failed attempts per request; past `llm.max-failures` its extractive answer is logged in its place.
-    let mut failures: std::collections::HashMap<(String, String), u32> = std::collections::HashMap::new();
+    let mut failures: HashMap<(String, String), u32> = HashMap::new();
     let extractive = operators::extractive::Extractive { max_words: config.hierarchy.summary_words };
     while !shared.stopping() {
-        let waiting: Vec<Waiting> = {
+        // What waits, and when the members of each cluster waiting for its summary last changed.
+        let (waiting, members_since) = {
             let views = shared.views();
             let spaces = views.spaces.iter();
-            spaces.flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone()))).collect()
+            let waiting: Vec<Waiting> = spaces
+                .flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone())))
+                .collect();
+            let mut since: HashMap<String, HashMap<String, Duration>> = HashMap::new();
+            for ((s, _), r) in &waiting {
+                if let ModelRequest::Summary { cluster, .. } = r.as_ref() {
+                    let at = views.spaces.get(s).and_then(|v| v.clusters.get(cluster)).and_then(|c| c.members_since);
+                    if let Some(at) = at {
+                        since
+                            .entry(s.clone())
+                            .or_default()
+                            .insert(cluster.clone(), at.saturating_duration_since(origin));
+                    }
+                }
+            }
+            (waiting, since)
         };
         let now = origin.elapsed();
         let mut done = Vec::new();
-        for ((space, key), request) in scheduler.due(&waiting, now) {
+        let due = scheduler.due_given(&waiting, now, |s, c| members_since.get(s).and_then(|m| m.get(c)).copied());
+        for ((space, key), request) in due {
             let plan = shared.summary_cache.lock().expect("summary cache lock").plan(space, key, request);
             if let Some(reply) = shared.legacy_reply(space, key, request) {
                 shared.metrics.responses_upgraded.inc();
