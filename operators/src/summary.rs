@@ -303,6 +303,8 @@ pub struct Scheduler {
     sent: HashSet<(String, String)>,
     /// Failed requests: not sent again before this.
     retry_at: HashMap<(String, String), Duration>,
+    /// No cluster summary is sent while this holds ([`Scheduler::hold_summaries`]).
+    hold: bool,
     /// Per live session `(space, conversation, session)`: since when its newest turns have waited for the model.
     session_since: HashMap<(String, String, i64), Duration>,
 }
@@ -319,6 +321,7 @@ impl Scheduler {
             first_seen: HashMap::new(),
             sent: HashSet::new(),
             retry_at: HashMap::new(),
+            hold: false,
             session_since: HashMap::new(),
         }
     }
@@ -360,7 +363,9 @@ impl Scheduler {
                 ModelRequest::Summary { cluster, .. } => members_since(&key.0, cluster).is_some_and(settled),
                 _ => false,
             };
-            let stable = (settled(seen) || members_settled) && self.retry_at.get(key).is_none_or(|at| now >= *at);
+            let held = self.hold && matches!(request.as_ref(), ModelRequest::Summary { .. });
+            let stable =
+                (settled(seen) || members_settled) && self.retry_at.get(key).is_none_or(|at| now >= *at) && !held;
             let session = match request.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
                     Some((key.0.clone(), conversation.clone(), *session))
@@ -380,6 +385,12 @@ impl Scheduler {
             }
         }
         due
+    }
+
+    /// Holds every cluster summary back (while the hierarchy works through a load, its clusters are still moving), or
+    /// lets them go again. A held request keeps its wait: once let go it is due as it would have been.
+    pub fn hold_summaries(&mut self, hold: bool) {
+        self.hold = hold;
     }
 
     /// A request that failed: sent again after another debounce from `now`.
@@ -454,6 +465,13 @@ mod tests {
         // A request no longer waiting is forgotten: back again, it is new.
         assert!(sch.due_given(&waiting[1..], s(31), since).is_empty());
         assert_eq!(keys(sch.due_given(&waiting, s(32), since)), ["k1"]);
+        // Held: no summary goes, whatever its wait; let go, it is due as before.
+        let later = vec![summary("a", "k3", "L2:z", "three")];
+        sch.hold_summaries(true);
+        assert!(sch.due_given(&later, s(40), since).is_empty());
+        assert!(sch.due_given(&later, s(60), since).is_empty());
+        sch.hold_summaries(false);
+        assert_eq!(keys(sch.due_given(&later, s(61), since)), ["k3"]);
     }
 
     #[test]

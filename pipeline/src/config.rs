@@ -210,6 +210,9 @@ pub struct LlmConfig {
     /// after the retries) before its extractive answer is logged in its place.
     pub max_failures: u32,
     pub max_tokens: u32,
+    /// While more than this many layer-0 node changes wait for the hierarchy (a load it is working through), no
+    /// cluster summary is asked: its clusters are still moving.
+    pub summary_hold_backlog: u64,
 }
 
 impl LlmConfig {

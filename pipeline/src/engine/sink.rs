@@ -189,6 +189,8 @@ fn views_sink<'s>(
                 if let (Some(tx), Some(through)) = (&structure, last_as_of) {
                     if advanced || !layer0.is_empty() {
                         // A closed structure (the engine is stopping or failed) takes nothing more.
+                        let n = layer0.texts.len() as u64;
+                        shared.structure_backlog.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
                         let _ = tx.send(StructureInput::Layer0 { through, texts: layer0.texts, edges: layer0.edges });
                     }
                 }

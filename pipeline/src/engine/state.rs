@@ -112,6 +112,8 @@ pub struct Shared {
     pub(super) fed: Mutex<((u64, u64), BTreeMap<u64, (u64, u64)>)>,
     /// Whether a checkpoint is being written, and when the last one was.
     pub(super) checkpointing: AtomicBool,
+    /// Layer-0 node changes handed to the structure and not yet through one of its steps.
+    pub(super) structure_backlog: AtomicU64,
     pub(super) last_checkpoint: Mutex<Instant>,
     /// Whether the replies this engine is fed are all in its response log (see `checkpoint.rs`).
     pub(super) checkpoints_allowed: bool,
@@ -265,6 +267,7 @@ impl Shared {
             restored_through,
             fed: Mutex::new(((0, 0), BTreeMap::new())),
             checkpointing: AtomicBool::new(false),
+            structure_backlog: AtomicU64::new(0),
             last_checkpoint: Mutex::new(Instant::now()),
             checkpoints_allowed: !from_topic_used,
             dir: dir.clone(),

@@ -90,11 +90,13 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
     let mut kept: Vec<(ViewUpdate, isize)> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut fed = false;
+        let mut taken = 0u64;
         for msg in std::iter::once(first).chain(rx.try_iter()) {
             match msg {
                 StructureInput::Layer0 { through: t, texts: ts, edges: es } => {
                     through = through.max(Some(t));
                     fed |= !ts.is_empty() || !es.is_empty();
+                    taken += ts.len() as u64;
                     for (x, d) in ts {
                         texts.update(x, d);
                     }
@@ -121,11 +123,14 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
             logged.flush();
             worker.step_while(|| probe.less_than(&time));
         }
+        // What this step took is no longer waiting once its output is in the views (or kept for them).
+        let taken_off = || shared.structure_backlog.fetch_sub(taken, std::sync::atomic::Ordering::SeqCst);
         let mut updates = std::mem::take(&mut *out.borrow_mut());
         if replace {
             if through < shared.restored_through {
                 // Not yet the checkpoint's layer 0: the views keep the checkpoint's hierarchy a while longer.
                 kept.append(&mut updates);
+                taken_off();
                 continue;
             }
             replace = false;
@@ -141,6 +146,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
         apply_to_views(shared, vec![(at, updates)], |views| {
             views.hierarchy_as_of = through.max(views.hierarchy_as_of);
         });
+        taken_off();
         shared.structure_advanced(through);
         if fed {
             shared.metrics.structure_seconds.observe(started.elapsed().as_secs_f64());

@@ -106,6 +106,8 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
             (waiting, since)
         };
         let now = origin.elapsed();
+        let backlog = shared.structure_backlog.load(std::sync::atomic::Ordering::SeqCst);
+        scheduler.hold_summaries(backlog > config.llm.summary_hold_backlog);
         let mut done = Vec::new();
         let due = scheduler.due_given(&waiting, now, |s, c| members_since.get(s).and_then(|m| m.get(c)).copied());
         for ((space, key), request) in due {
