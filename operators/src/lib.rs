@@ -22,6 +22,7 @@ pub mod lexical;
 pub mod llm;
 pub mod memory;
 pub mod model;
+pub mod name;
 pub mod record;
 pub mod request;
 pub mod similarity;
@@ -30,5 +31,6 @@ pub mod summary;
 
 pub use embed::{Embedder, HashEmbedder};
 pub use model::{Edge, Embedding, Node, NodeKind};
+pub use name::Name;
 pub use record::{parse_record, Limits, Record, Reject};
 pub use similarity::{SimilarityIndex, SimilarityParams};

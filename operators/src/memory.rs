@@ -27,6 +27,7 @@ use crate::events::{self, EventRow, RelationRow, SegmentParams};
 use crate::hierarchy::dataflow::{hierarchy, summaries};
 use crate::hierarchy::HierarchyParams;
 use crate::model::{Edge, Embedding, Node, NodeKind};
+use crate::name::Name;
 use crate::request::ModelRequest;
 use crate::similarity::SimilarityParams;
 
@@ -88,11 +89,11 @@ pub struct Fresh<'s, T: Timestamp> {
 /// The memory's structure: CAM's hierarchy over layer 0, and the summaries of its clusters.
 pub struct Structure<'s, T: Timestamp> {
     /// `(space, layer, cluster, member)` for every layer ≥ 1.
-    pub clusters: VecCollection<'s, T, (String, u32, String, String)>,
+    pub clusters: VecCollection<'s, T, (Name, u32, Name, Name)>,
     /// `(space, layer, u, v, weight)`: the graph of every layer ≥ 1.
-    pub layer_edges: VecCollection<'s, T, (String, u32, String, String, u64)>,
+    pub layer_edges: VecCollection<'s, T, (Name, u32, Name, Name, u64)>,
     /// `((space, cluster), (layer, text))`.
-    pub summaries: VecCollection<'s, T, ((String, String), (u32, String))>,
+    pub summaries: VecCollection<'s, T, ((Name, Name), (u32, Name))>,
     /// `(space, content key, request)`: the clusters waiting for their summaries.
     pub requests: VecCollection<'s, T, (String, String, ModelRequest)>,
 }
@@ -108,15 +109,17 @@ pub fn memory<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    let texts = nodes.clone().map(|(s, n)| ((s, n.id), n.text));
+    let texts = nodes.clone().map(|(s, n)| ((Name::from(s), Name::from(n.id)), Name::from(n.text)));
     let f = fresh(nodes, logged.clone(), embedder, params);
-    let st = structure(texts, f.edges.clone().map(|e| (e.space, e.u, e.v, u64::from(e.weight_micro))), logged, params);
+    let edges = f.edges.clone().map(|e| (e.space.into(), e.u.into(), e.v.into(), u64::from(e.weight_micro)));
+    let named = logged.clone().map(|((s, k), r)| ((Name::from(s), Name::from(k)), Name::from(r)));
+    let st = structure(texts, edges, named, params);
     Memory {
         nodes: f.nodes,
         edges: f.edges,
-        clusters: st.clusters,
-        layer_edges: st.layer_edges,
-        summaries: st.summaries,
+        clusters: st.clusters.map(|(s, l, c, m)| (s.into(), l, c.into(), m.into())),
+        layer_edges: st.layer_edges.map(|(s, l, u, v, w)| (s.into(), l, u.into(), v.into(), w)),
+        summaries: st.summaries.map(|((s, c), (l, t))| ((s.into(), c.into()), (l, t.into()))),
         requests: st.requests.concat(f.requests),
         events: f.events,
         relations: f.relations,
@@ -128,9 +131,9 @@ where
 /// The hierarchy and its summaries over layer 0 given as `texts` (`((space, node), text)`) and `edges` (`(space,
 /// u, v, weight)`), with the model's replies `logged`.
 pub fn structure<'s, T>(
-    texts: VecCollection<'s, T, ((String, String), String)>,
-    edges: VecCollection<'s, T, (String, String, String, u64)>,
-    logged: VecCollection<'s, T, ((String, String), String)>,
+    texts: VecCollection<'s, T, ((Name, Name), Name)>,
+    edges: VecCollection<'s, T, (Name, Name, Name, u64)>,
+    logged: VecCollection<'s, T, ((Name, Name), Name)>,
     params: &MemoryParams,
 ) -> Structure<'s, T>
 where
@@ -138,9 +141,10 @@ where
 {
     let h = hierarchy(texts.clone().map(|((s, id), _)| (s, id)), edges, &params.hierarchy);
     let sm = summaries(texts, &h.layers, logged);
-    let requests = sm
-        .requests
-        .map(|(s, layer, cluster, key, members)| (s, key, ModelRequest::Summary { layer, cluster, members }));
+    let requests = sm.requests.map(|(s, layer, cluster, key, members)| {
+        let members = members.iter().map(|(m, t)| (m.to_string(), t.to_string())).collect();
+        (s.to_string(), key.to_string(), ModelRequest::Summary { layer, cluster: cluster.to_string(), members })
+    });
     Structure { clusters: h.clusters, layer_edges: h.edges, summaries: sm.texts, requests }
 }
 

@@ -8,6 +8,7 @@ use differential_dataflow::input::Input;
 use engram_operators::hierarchy::dataflow::hierarchy;
 use engram_operators::hierarchy::reference::{build, Graph};
 use engram_operators::hierarchy::HierarchyParams;
+use engram_operators::Name;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use timely::dataflow::operators::capture::{Capture, Extract};
@@ -146,17 +147,18 @@ fn run_dataflow(batches: &[Vec<Change>], p: &HierarchyParams, workers: usize) ->
         let send = send.lock().unwrap().clone();
         let p = p.clone();
         let (mut nodes, mut edges) = worker.dataflow::<u64, _, _>(|scope| {
-            let (ni, nodes) = scope.new_collection::<(String, String), isize>();
-            let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
-            hierarchy(nodes, edges, &p).clusters.inner.capture_into(send);
+            let (ni, nodes) = scope.new_collection::<(Name, Name), isize>();
+            let (ei, edges) = scope.new_collection::<(Name, Name, Name, u64), isize>();
+            let clusters = hierarchy(nodes, edges, &p).clusters;
+            clusters.map(|(s, l, c, m)| (s.into(), l, c.into(), m.into())).inner.capture_into(send);
             (ni, ei)
         });
         for (round, batch) in batches.iter().enumerate() {
             if worker.index() == 0 {
                 for c in batch {
                     match c {
-                        Change::Node(s, n, d) => nodes.update((s.clone(), n.clone()), *d),
-                        Change::Edge(s, u, v, w, d) => edges.update((s.clone(), u.clone(), v.clone(), *w), *d),
+                        Change::Node(s, n, d) => nodes.update((s.into(), n.into()), *d),
+                        Change::Edge(s, u, v, w, d) => edges.update((s.into(), u.into(), v.into(), *w), *d),
                     }
                 }
             }

@@ -7,6 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use differential_dataflow::input::Input;
 use engram_operators::hierarchy::dataflow::{hierarchy, summaries};
 use engram_operators::hierarchy::HierarchyParams;
+use engram_operators::Name;
 use timely::dataflow::operators::capture::{Capture, Extract};
 
 type Req = (String, u32, String, String, Vec<(String, String)>);
@@ -26,9 +27,9 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
         let (rs, ts) = (rs.lock().unwrap().clone(), ts.lock().unwrap().clone());
         let (req_tx, req_rx) = mpsc::channel::<(Req, u64, isize)>();
         let (mut n, mut e, mut s, probe) = worker.dataflow::<u64, _, _>(|scope| {
-            let (ni, nodes) = scope.new_collection::<(String, String), isize>();
-            let (ei, edges) = scope.new_collection::<(String, String, String, u64), isize>();
-            let (si, sums) = scope.new_collection::<((String, String), String), isize>();
+            let (ni, nodes) = scope.new_collection::<(Name, Name), isize>();
+            let (ei, edges) = scope.new_collection::<(Name, Name, Name, u64), isize>();
+            let (si, sums) = scope.new_collection::<((Name, Name), Name), isize>();
             let h = hierarchy(
                 nodes.clone(),
                 edges,
@@ -42,21 +43,23 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
                     max_degree: 10,
                 },
             );
-            let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}"))), &h.layers, sums);
-            sm.texts.inner.capture_into(ts);
+            let sm = summaries(nodes.map(|(s, n)| ((s, n.clone()), format!("text of {n}").into())), &h.layers, sums);
+            sm.texts.map(|((s, c), (l, t))| ((s.into(), c.into()), (l, t.into()))).inner.capture_into(ts);
             let req_tx = Mutex::new(req_tx);
+            let strings = |ms: Vec<(Name, Name)>| ms.into_iter().map(|(m, t)| (m.into(), t.into())).collect();
+            let requests = sm.requests.map(move |(s, l, c, h, ms)| (s.into(), l, c.into(), h.into(), strings(ms)));
             let (probe, reqs) =
-                sm.requests.inspect(move |(r, t, d)| req_tx.lock().unwrap().send((r.clone(), *t, *d)).unwrap()).probe();
+                requests.inspect(move |(r, t, d)| req_tx.lock().unwrap().send((r.clone(), *t, *d)).unwrap()).probe();
             reqs.inner.capture_into(rs);
             (ni, ei, si, probe)
         });
         for x in &names {
-            n.insert(("s".into(), x.clone()));
+            n.insert(("s".into(), x.as_str().into()));
         }
         for (i, u) in names.iter().enumerate() {
             for v in &names[i + 1..] {
                 if u[..1] == v[..1] || (u == "a0" && v == "b0") {
-                    e.insert(("s".into(), u.clone(), v.clone(), 100));
+                    e.insert(("s".into(), u.as_str().into(), v.as_str().into(), 100));
                 }
             }
         }
@@ -80,7 +83,7 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
             }
             live.retain(|_, d| *d != 0);
             for k in live.keys() {
-                s.insert((k.clone(), format!("sum:{}", k.1)));
+                s.insert(((k.0.as_str().into(), k.1.as_str().into()), format!("sum:{}", k.1).into()));
             }
             live.clear();
         }

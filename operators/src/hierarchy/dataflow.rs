@@ -4,7 +4,7 @@
 //! per space rather than joins, because their joins were the cost: the ego networks ([`ego_networks`]) and label
 //! propagation ([`super::lpa`]), which keeps every round's labels and recomputes only what an epoch's changes reach.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use differential_dataflow::lattice::Lattice;
 use differential_dataflow::VecCollection;
@@ -18,20 +18,21 @@ use super::links::{Layer, LayerInput, LayerOutput};
 use super::lpa::Lpa;
 use super::replica_edges::ReplicaEdges;
 use super::{cluster_ids, label_parts, HierarchyParams, Replica};
+use crate::name::Name;
 
 /// `(space, node)`.
-pub type Nodes<'s, T> = VecCollection<'s, T, (String, String)>;
+pub type Nodes<'s, T> = VecCollection<'s, T, (Name, Name)>;
 /// `(space, u, v, weight)`, undirected, `u < v`.
-pub type Edges<'s, T> = VecCollection<'s, T, (String, String, String, u64)>;
+pub type Edges<'s, T> = VecCollection<'s, T, (Name, Name, Name, u64)>;
 
 pub struct Hierarchy<'s, T: Timestamp> {
     /// `(space, layer, cluster, member)`: the clusters of every layer ≥ 1 and their members (nodes of the layer
     /// below).
-    pub clusters: VecCollection<'s, T, (String, u32, String, String)>,
+    pub clusters: VecCollection<'s, T, (Name, u32, Name, Name)>,
     /// The same, one collection per layer (index 0 is layer 1): `(space, cluster, member)`.
-    pub layers: Vec<VecCollection<'s, T, (String, String, String)>>,
+    pub layers: Vec<VecCollection<'s, T, (Name, Name, Name)>>,
     /// `(space, layer, u, v, weight)`: the graph of every layer ≥ 1.
-    pub edges: VecCollection<'s, T, (String, u32, String, String, u64)>,
+    pub edges: VecCollection<'s, T, (Name, u32, Name, Name, u64)>,
 }
 
 pub fn hierarchy<'s, T>(nodes: Nodes<'s, T>, edges: Edges<'s, T>, params: &HierarchyParams) -> Hierarchy<'s, T>
@@ -66,7 +67,7 @@ fn cluster_layer<'s, T>(
     nodes: Nodes<'s, T>,
     edges: Edges<'s, T>,
     params: &HierarchyParams,
-) -> VecCollection<'s, T, ((String, String), String)>
+) -> VecCollection<'s, T, ((Name, Name), Name)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
@@ -75,7 +76,7 @@ where
     // Replica edges: (u, comp(u, v)) — (v, comp(v, u)).
     let rows = edges
         .clone()
-        .map(|(s, u, v, w)| (s, u, v, Some(w), String::new()))
+        .map(|(s, u, v, w)| (s, u, v, Some(w), Name::default()))
         .concat(comp.clone().map(|((s, v, a), c)| (s, v, a, None, c)));
     let mut spaces: HashMap<String, ReplicaEdges> = HashMap::new();
     let radj = per_space_in_time_order(
@@ -83,16 +84,17 @@ where
         "ReplicaEdges",
         |(s, _, _, _, _)| s,
         move |space, rows| {
+            let sp = Name::new(space);
             let op = spaces.entry(space.to_string()).or_default();
             let changes = op.apply(rows.into_iter().map(|((_, x, y, w, c), d)| ((x, y, w, c), d)).collect());
             if op.is_empty() {
                 spaces.remove(space);
             }
-            changes.into_iter().map(|((x, y), d)| (((space.to_string(), x), y), d)).collect()
+            changes.into_iter().map(|((x, y), d)| (((sp.clone(), x), y), d)).collect()
         },
     );
     let with_edges = edges.flat_map(|(s, u, v, _)| [(s.clone(), u), (s, v)]).distinct();
-    let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, String::new())));
+    let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, Name::default())));
     let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
     let rule =
         if params.propagates(layer) { Rule::Propagate(params.lpa_rounds) } else { Rule::Link(params.max_cluster_size) };
@@ -102,24 +104,28 @@ where
     labels
         .map(|((s, r), l)| ((s, l), r))
         .reduce(
-            move |(_, label): &(String, Replica),
+            move |(_, label): &(Name, Replica),
                   reps: &[(&Replica, isize)],
-                  out: &mut Vec<((Vec<String>, String), isize)>| {
+                  out: &mut Vec<((Vec<Name>, Name), isize)>| {
                 let reps: Vec<&Replica> = reps.iter().map(|(r, _)| *r).collect();
+                // The parts name their members as the replicas do: each as the replica's own name, not a copy.
+                let names: BTreeMap<&str, &Name> =
+                    reps.iter().map(|r| (r.0.as_str(), &r.0)).chain([(label.0.as_str(), &label.0)]).collect();
+                let name = |m: &str| names.get(m).map_or_else(|| Name::new(m), |n| (*n).clone());
                 for (anchor, part) in label_parts(label, &reps, max, head) {
-                    out.push(((part.into_iter().map(str::to_string).collect(), anchor.to_string()), 1));
+                    out.push(((part.into_iter().map(name).collect(), name(anchor)), 1));
                 }
             },
         )
         // Identical member sets (from different labels) are one cluster, anchored by the smaller anchor; the
         // clusters of one anchor are ranked by their members.
         .map(|((s, _l), (members, anchor))| ((s, members), anchor))
-        .reduce(|_k, anchors: &[(&String, isize)], out: &mut Vec<(String, isize)>| out.push((anchors[0].0.clone(), 1)))
+        .reduce(|_k, anchors: &[(&Name, isize)], out: &mut Vec<(Name, isize)>| out.push((anchors[0].0.clone(), 1)))
         .map(|((s, members), anchor)| ((s, anchor), members))
         .reduce(
-            move |(_, anchor): &(String, String),
-                  sets: &[(&Vec<String>, isize)],
-                  out: &mut Vec<((String, Vec<String>), isize)>| {
+            move |(_, anchor): &(Name, Name),
+                  sets: &[(&Vec<Name>, isize)],
+                  out: &mut Vec<((Name, Vec<Name>), isize)>| {
                 for (id, (ms, _)) in cluster_ids(layer, anchor, sets.len()).into_iter().zip(sets) {
                     out.push(((id, (*ms).clone()), 1));
                 }
@@ -136,7 +142,7 @@ where
 /// common neighbours of the endpoints, whose ego networks gained or lost a link — and emits the difference from what
 /// it emitted before. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions
 /// at 100k chunks); here the state is the adjacency and the emitted rows, O(edges).
-fn ego_networks<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, ((String, String, String), String)>
+fn ego_networks<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, ((Name, Name, Name), Name)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
@@ -146,6 +152,7 @@ where
         "EgoNetworks",
         |(s, _, _, _)| s,
         move |space, rows| {
+            let sp = Name::new(space);
             let ego = spaces.entry(space.to_string()).or_insert_with(|| Ego::new(pool));
             let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
             if ego.is_empty() {
@@ -154,10 +161,10 @@ where
             let mut out = Vec::new();
             for (v, a, old, new) in changes {
                 if let Some(c) = old {
-                    out.push((((space.to_string(), v.clone(), a.clone()), c), -1));
+                    out.push((((sp.clone(), v.clone(), a.clone()), c), -1));
                 }
                 if let Some(c) = new {
-                    out.push((((space.to_string(), v, a), c), 1));
+                    out.push((((sp.clone(), v, a), c), 1));
                 }
             }
             out
@@ -175,10 +182,10 @@ where
 /// `((space, r), label)`, as [`super::reference::cluster_layer`] computes it, by label propagation or by
 /// strongest-link groups ([`Lpa::components`]).
 fn label_propagation<'s, T>(
-    replicas: VecCollection<'s, T, (String, Replica)>,
-    radj: VecCollection<'s, T, ((String, Replica), (Replica, u64))>,
+    replicas: VecCollection<'s, T, (Name, Replica)>,
+    radj: VecCollection<'s, T, ((Name, Replica), (Replica, u64))>,
     rule: Rule,
-) -> VecCollection<'s, T, ((String, Replica), Replica)>
+) -> VecCollection<'s, T, ((Name, Replica), Replica)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
@@ -189,6 +196,7 @@ where
         "LabelPropagation",
         |(s, _, _)| s,
         move |space, rows| {
+            let sp = Name::new(space);
             let lpa = spaces.entry(space.to_string()).or_insert_with(|| match rule {
                 Rule::Propagate(rounds) => Lpa::new(rounds),
                 Rule::Link(max) => Lpa::components(max),
@@ -200,10 +208,10 @@ where
             let mut out = Vec::new();
             for (r, old, new) in changes {
                 if let Some(l) = old {
-                    out.push((((space.to_string(), r.clone()), l), -1));
+                    out.push((((sp.clone(), r.clone()), l), -1));
                 }
                 if let Some(l) = new {
-                    out.push((((space.to_string(), r), l), 1));
+                    out.push((((sp.clone(), r), l), 1));
                 }
             }
             out
@@ -227,10 +235,10 @@ enum Rule {
 #[allow(clippy::type_complexity)]
 fn next_layer<'s, T>(
     edges: Edges<'s, T>,
-    clusters: VecCollection<'s, T, ((String, String), String)>,
-    below: VecCollection<'s, T, (String, isize)>,
+    clusters: VecCollection<'s, T, ((Name, Name), Name)>,
+    below: VecCollection<'s, T, (Name, isize)>,
     params: &HierarchyParams,
-) -> (VecCollection<'s, T, (String, String, String)>, Nodes<'s, T>, Edges<'s, T>)
+) -> (VecCollection<'s, T, (Name, Name, Name)>, Nodes<'s, T>, Edges<'s, T>)
 where
     T: Timestamp + Lattice + TotalOrder,
 {
@@ -245,12 +253,13 @@ where
         "LayerLinks",
         |(s, _)| s,
         move |space, rows| {
+            let sp = Name::new(space);
             let layer = spaces.entry(space.to_string()).or_insert_with(|| Layer::new(&params));
             let changes = layer.apply(rows.into_iter().map(|((_, row), d)| (row, d)).collect());
             if layer.is_empty() {
                 spaces.remove(space);
             }
-            changes.into_iter().map(|(row, d)| ((space.to_string(), row), d)).collect()
+            changes.into_iter().map(|(row, d)| ((sp.clone(), row), d)).collect()
         },
     );
     let clusters = out.clone().flat_map(|(s, row)| match row {
@@ -269,11 +278,11 @@ where
 }
 
 /// A cluster's summary, or the request for one: `(space, layer, cluster, content hash, [(member, member text)])`.
-pub type SummaryRequest = (String, u32, String, String, Vec<(String, String)>);
+pub type SummaryRequest = (Name, u32, Name, Name, Vec<(Name, Name)>);
 
 pub struct Summaries<'s, T: Timestamp> {
     /// `((space, cluster), (layer, summary))`: the text every summarised cluster shows retrieval.
-    pub texts: VecCollection<'s, T, ((String, String), (u32, String))>,
+    pub texts: VecCollection<'s, T, ((Name, Name), (u32, Name))>,
     /// Clusters whose content has no summary yet: what the summariser works on (after its debounce).
     pub requests: VecCollection<'s, T, SummaryRequest>,
 }
@@ -284,15 +293,15 @@ pub struct Summaries<'s, T: Timestamp> {
 /// text, so layer L+1 waits for layer L; an unchanged cluster is never requested again, whatever else changes. A
 /// cluster of one member above layer 1 is never requested: its text is its member's.
 pub fn summaries<'s, T>(
-    texts0: VecCollection<'s, T, ((String, String), String)>,
-    layers: &[VecCollection<'s, T, (String, String, String)>],
-    summaries: VecCollection<'s, T, ((String, String), String)>,
+    texts0: VecCollection<'s, T, ((Name, Name), Name)>,
+    layers: &[VecCollection<'s, T, (Name, Name, Name)>],
+    summaries: VecCollection<'s, T, ((Name, Name), Name)>,
 ) -> Summaries<'s, T>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
     // One summary per content hash, whatever the log holds.
-    let summaries = summaries.reduce(|_k, vals: &[(&String, isize)], out: &mut Vec<(String, isize)>| {
+    let summaries = summaries.reduce(|_k, vals: &[(&Name, isize)], out: &mut Vec<(Name, isize)>| {
         if let Some((t, _)) = vals.iter().find(|(_, d)| *d > 0) {
             out.push(((*t).clone(), 1));
         }
@@ -306,33 +315,29 @@ where
         let with_text =
             member_of.clone().join_map(below, |(s, m), c, t| ((s.clone(), c.clone()), (m.clone(), Some(t.clone()))));
         let content = member_of
-            .map(|((s, m), c)| ((s, c), (m, None::<String>)))
+            .map(|((s, m), c)| ((s, c), (m, None::<Name>)))
             .concat(with_text)
-            .reduce(
-                |_k,
-                 vals: &[(&(String, Option<String>), isize)],
-                 out: &mut Vec<((String, Vec<(String, String)>), isize)>| {
-                    // Sorted by member, `None` before `Some`: each member must have a text.
-                    let mut members: Vec<(String, String)> = Vec::new();
-                    let mut ids = 0;
-                    let mut last: Option<&str> = None;
-                    for ((m, t), _) in vals {
-                        if last != Some(m.as_str()) {
-                            ids += 1;
-                            last = Some(m);
-                        }
-                        if let Some(t) = t {
-                            if members.last().is_none_or(|(pm, _)| pm != m) {
-                                members.push((m.clone(), t.clone()));
-                            }
+            .reduce(|_k, vals: &[(&(Name, Option<Name>), isize)], out: &mut Vec<((Name, Vec<(Name, Name)>), isize)>| {
+                // Sorted by member, `None` before `Some`: each member must have a text.
+                let mut members: Vec<(Name, Name)> = Vec::new();
+                let mut ids = 0;
+                let mut last: Option<&str> = None;
+                for ((m, t), _) in vals {
+                    if last != Some(m.as_str()) {
+                        ids += 1;
+                        last = Some(m);
+                    }
+                    if let Some(t) = t {
+                        if members.last().is_none_or(|(pm, _)| pm != m) {
+                            members.push((m.clone(), t.clone()));
                         }
                     }
-                    if members.len() == ids {
-                        let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
-                        out.push(((crate::request::summary_key(&refs), members), 1));
-                    }
-                },
-            )
+                }
+                if members.len() == ids {
+                    let refs: Vec<(&str, &str)> = members.iter().map(|(m, t)| (m.as_str(), t.as_str())).collect();
+                    out.push(((crate::request::summary_key(&refs).into(), members), 1));
+                }
+            })
             .map(|((s, c), (h, ms))| ((s, h), (c, ms)));
         // Above layer 1 a cluster of one member says what its member says: it takes the member's summary, with no
         // request (summarising one summary again only paraphrases it). Upper layers are full of them — a cluster

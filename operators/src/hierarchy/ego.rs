@@ -5,10 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::find_root;
+use crate::name::Name;
 use crate::slots::{bump, HashMap, Slots};
 
 /// A change of one ego-network row: `(v, a, old component, new component)`.
-pub type EgoChange = (String, String, Option<String>, Option<String>);
+pub type EgoChange = (Name, Name, Option<Name>, Option<Name>);
 
 /// The component of an ego network that is its only one (named "").
 const SOLE: u32 = u32::MAX;
@@ -17,7 +18,7 @@ const SOLE: u32 = u32::MAX;
 pub struct Ego {
     /// Whether loose neighbours are one component ([`super::ego_components`]).
     pool: bool,
-    slots: Slots<String>,
+    slots: Slots<Name>,
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
     adj: Vec<HashMap<u32, isize>>,
@@ -36,7 +37,7 @@ impl Ego {
         self.slots.is_empty()
     }
 
-    fn slot_of(&mut self, n: &str) -> u32 {
+    fn slot_of(&mut self, n: &Name) -> u32 {
         let (s, new) = self.slots.intern(n);
         if new {
             self.adj.push(HashMap::default());
@@ -49,7 +50,7 @@ impl Ego {
     /// Applies one epoch's edge changes `(u, v)` with multiplicities and returns the changed rows: the ego networks
     /// of both endpoints of every edge that appeared or went, and of the common neighbours of its endpoints (whose
     /// ego network gained or lost the link). An edge whose weight alone changed changes nothing.
-    pub fn apply(&mut self, changes: Vec<((String, String), isize)>) -> Vec<EgoChange> {
+    pub fn apply(&mut self, changes: Vec<((Name, Name), isize)>) -> Vec<EgoChange> {
         let mut linked_before: BTreeMap<(u32, u32), bool> = BTreeMap::new();
         for ((u, v), d) in changes {
             let (su, sv) = (self.slot_of(&u), self.slot_of(&v));
@@ -96,9 +97,9 @@ impl Ego {
         out
     }
 
-    fn name(&self, s: u32) -> String {
+    fn name(&self, s: u32) -> Name {
         if s == SOLE {
-            return String::new();
+            return Name::default();
         }
         self.slots.key(s).clone()
     }
@@ -181,10 +182,12 @@ mod tests {
                         batch.push(((u, v), 1));
                     }
                 }
+                let batch = batch.into_iter().map(|((u, v), d)| ((Name::from(u), Name::from(v)), d)).collect();
                 for (v, a, old, new) in ego.apply(batch) {
-                    assert_eq!(rows.get(&(v.clone(), a.clone())), old.as_ref());
+                    let (v, a) = (v.to_string(), a.to_string());
+                    assert_eq!(rows.get(&(v.clone(), a.clone())).map(String::as_str), old.as_deref());
                     match new {
-                        Some(c) => rows.insert((v, a), c),
+                        Some(c) => rows.insert((v, a), c.to_string()),
                         None => rows.remove(&(v, a)),
                     };
                 }

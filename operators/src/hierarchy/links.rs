@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::{link_weight, strongest, HierarchyParams};
+use crate::name::Name;
 use crate::slots::{bump, HashMap, HashSet, Slots};
 
 /// One space's layer-above graph.
@@ -22,11 +23,11 @@ pub struct Links {
     max_degree: usize,
     /// Nodes of the layer below (members), with their adjacency (both directions, with the multiplicity of the
     /// edge rows) and the clusters that hold them.
-    nodes: Slots<String>,
+    nodes: Slots<Name>,
     adj: Vec<HashMap<u32, isize>>,
     of: Vec<HashMap<u32, isize>>,
     /// Clusters, with their members, their link counts (symmetric) and the links they keep.
-    clusters: Slots<String>,
+    clusters: Slots<Name>,
     has: Vec<HashMap<u32, isize>>,
     counts: Vec<HashMap<u32, u64>>,
     kept: Vec<Vec<u32>>,
@@ -35,10 +36,10 @@ pub struct Links {
 }
 
 /// A change of the input: a layer-below edge `(false, u, v)` or a membership `(true, cluster, member)`.
-pub type LinkRow = (bool, String, String);
+pub type LinkRow = (bool, Name, Name);
 
 /// An edge of the layer above: `(a, b, weight)`, `a < b`.
-pub type LinkEdge = (String, String, u64);
+pub type LinkEdge = (Name, Name, u64);
 
 impl Links {
     pub fn new(max_degree: usize) -> Self {
@@ -49,7 +50,7 @@ impl Links {
         self.nodes.is_empty() && self.clusters.is_empty()
     }
 
-    fn node(&mut self, n: &str) -> u32 {
+    fn node(&mut self, n: &Name) -> u32 {
         let (s, new) = self.nodes.intern(n);
         if new {
             self.adj.push(HashMap::default());
@@ -58,7 +59,7 @@ impl Links {
         s
     }
 
-    fn cluster(&mut self, c: &str) -> u32 {
+    fn cluster(&mut self, c: &Name) -> u32 {
         let (s, new) = self.clusters.intern(c);
         if new {
             self.has.push(HashMap::default());
@@ -219,8 +220,8 @@ impl Links {
 /// layer's nodes (differential's `count`, so a change is a retraction and an insert).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum LayerInput {
-    Edge(String, String),
-    Member(String, String),
+    Edge(Name, Name),
+    Member(Name, Name),
     Below(u64),
 }
 
@@ -228,9 +229,9 @@ pub enum LayerInput {
 /// layer above, and the layer above's edges.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum LayerOutput {
-    Member(String, String),
-    Node(String),
-    Edge(String, String, u64),
+    Member(Name, Name),
+    Node(Name),
+    Edge(Name, Name, u64),
 }
 
 /// [`Links`] behind CAM's stop rule, for one space: the layer's clusters, the nodes and the edges of the layer above
@@ -266,7 +267,7 @@ impl Layer {
     pub fn apply(&mut self, changes: Vec<(LayerInput, isize)>) -> Vec<(LayerOutput, isize)> {
         let mut rows = Vec::with_capacity(changes.len());
         let mut members: HashMap<LayerOutput, isize> = HashMap::default();
-        let mut named: BTreeSet<String> = BTreeSet::new();
+        let mut named: BTreeSet<Name> = BTreeSet::new();
         for (row, d) in changes {
             match row {
                 LayerInput::Below(n) => bump_value(&mut self.below, n, d),
@@ -371,7 +372,9 @@ mod tests {
                         }
                     }
                 }
+                let batch = batch.into_iter().map(|((m, x, y), d)| ((m, Name::from(x), Name::from(y)), d)).collect();
                 for ((a, b, w), d) in links.apply(batch) {
+                    let (a, b) = (a.to_string(), b.to_string());
                     assert!(a < b, "{a} < {b}");
                     if d < 0 {
                         assert_eq!(emitted.remove(&(a.clone(), b.clone())), Some(w), "retracted what was emitted");
@@ -417,14 +420,14 @@ mod tests {
                         if d > 0 {
                             edges.insert(e.clone());
                         }
-                        batch.push((LayerInput::Edge(e.0, e.1), d));
+                        batch.push((LayerInput::Edge(e.0.into(), e.1.into()), d));
                     } else {
                         let mc = (format!("L1:c{}", rng.gen_range(0..8)), format!("n{a:02}"));
                         let d = if members.remove(&mc) { -1 } else { 1 };
                         if d > 0 {
                             members.insert(mc.clone());
                         }
-                        batch.push((LayerInput::Member(mc.0, mc.1), d));
+                        batch.push((LayerInput::Member(mc.0.into(), mc.1.into()), d));
                     }
                 }
                 if rng.gen_bool(0.4) {
@@ -455,12 +458,12 @@ mod tests {
                 if open {
                     let g = Graph { nodes: BTreeSet::new(), edges: edges.iter().map(|e| (e.clone(), 1)).collect() };
                     for ((a, b), w) in next_layer(&g, &clusters, params.max_degree).edges {
-                        want.insert(LayerOutput::Edge(a, b, w), 1);
+                        want.insert(LayerOutput::Edge(a.into(), b.into(), w), 1);
                     }
                     for (c, ms) in &clusters {
-                        want.insert(LayerOutput::Node(c.clone()), 1);
+                        want.insert(LayerOutput::Node(c.into()), 1);
                         for m in ms {
-                            want.insert(LayerOutput::Member(c.clone(), m.clone()), 1);
+                            want.insert(LayerOutput::Member(c.into(), m.into()), 1);
                         }
                     }
                 }

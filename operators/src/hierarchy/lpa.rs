@@ -359,9 +359,10 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::name::Name;
 
     fn rep(i: usize) -> Replica {
-        (format!("n{:02}", i / 2), if i.is_multiple_of(2) { String::new() } else { format!("c{i}") })
+        (format!("n{:02}", i / 2).into(), if i.is_multiple_of(2) { Name::default() } else { format!("c{i}").into() })
     }
 
     /// Seeded random replica and edge inserts and deletes (slots freed and reused on the way): after every batch

@@ -43,6 +43,7 @@ pub mod replica_edges;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::content_hex96;
+use crate::name::Name;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -120,7 +121,7 @@ impl HierarchyParams {
 
 /// A replica: (node, the smallest member of the ego-network component it stands for; "" when isolated or when the
 /// component is the node's only one).
-pub type Replica = (String, String);
+pub type Replica = (Name, Name);
 
 /// The id of a cluster of `layer` (≥ 1), named after its *anchor* node — its smallest member under label
 /// propagation, its head under strongest-link groups ([`link_groups`]) — and, among the clusters of the layer with
@@ -144,8 +145,8 @@ pub fn cluster_id(layer: u32, anchor: &str, rank: usize) -> String {
 }
 
 /// The ids of the distinct clusters of `layer` with anchor `anchor`, their member sets `sets` sorted.
-pub fn cluster_ids(layer: u32, anchor: &str, sets: usize) -> Vec<String> {
-    (0..sets).map(|rank| cluster_id(layer, anchor, rank)).collect()
+pub fn cluster_ids(layer: u32, anchor: &str, sets: usize) -> Vec<Name> {
+    (0..sets).map(|rank| Name::from(cluster_id(layer, anchor, rank))).collect()
 }
 
 /// The parts of one label's cluster, each with its anchor node: `replicas` are the replicas carrying `label`, sorted;
@@ -511,7 +512,7 @@ mod tests {
 
     #[test]
     fn next_label_rules() {
-        let r = |s: &str| (s.to_string(), String::new());
+        let r = |s: &str| (Name::from(s), Name::default());
         let (a, b, c) = (r("a"), r("b"), r("c"));
         let votes = vec![(&a, 2u128), (&b, 1), (&b, 1), (&c, 1)];
         assert_eq!(next_label(&c, votes.clone().into_iter(), true), &a, "ties go to the smallest label");

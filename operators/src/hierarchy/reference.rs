@@ -7,6 +7,7 @@ use super::{
     active, cluster_ids, ego_components, find_root, label_parts, link_groups, link_weight, next_label, replica_hash,
     strongest, strongest_link, HierarchyParams, Replica,
 };
+use crate::name::Name;
 
 /// One layer's graph: nodes and undirected weighted edges `(u, v) → w` with `u < v`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,18 +54,18 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
             comp.insert((v, a), c);
         }
     }
-    let mut replicas: BTreeSet<Replica> = comp.iter().map(|((v, _), c)| (v.to_string(), c.to_string())).collect();
+    let mut replicas: BTreeSet<Replica> = comp.iter().map(|((v, _), c)| (Name::new(v), Name::new(c))).collect();
     for n in &g.nodes {
         if !adj.contains_key(n.as_str()) {
-            replicas.insert((n.clone(), String::new()));
+            replicas.insert((Name::new(n), Name::default()));
         }
     }
     // Replica graph, both directions.
     let mut radj: BTreeMap<Replica, Vec<(Replica, u64)>> = BTreeMap::new();
     for (u, nbrs) in &adj {
         for (v, w) in nbrs {
-            let ru = (u.to_string(), comp[&(*u, *v)].to_string());
-            let rv = (v.to_string(), comp[&(*v, *u)].to_string());
+            let ru = (Name::new(u), Name::new(comp[&(*u, *v)]));
+            let rv = (Name::new(v), Name::new(comp[&(*v, *u)]));
             radj.entry(ru).or_default().push((rv, *w));
         }
     }
@@ -104,7 +105,7 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     let mut out = Clusters::new();
     for (anchor, sets) in by_anchor {
         for (id, ms) in cluster_ids(layer, anchor, sets.len()).into_iter().zip(sets) {
-            out.insert(id, ms.into_iter().map(str::to_string).collect());
+            out.insert(id.into(), ms.into_iter().map(str::to_string).collect());
         }
     }
     out

@@ -5,11 +5,12 @@
 //! epoch rewrites only the edges whose weight or components changed.
 
 use super::Replica;
+use crate::name::Name;
 use crate::slots::{HashMap, Slots};
 
 /// A change of the input: an edge `(u, v, Some(weight))` (either order), or an ego-network component
 /// `(v, a, None)` with its name in `component`.
-pub type EdgeOrComponent = (String, String, Option<u64>, String);
+pub type EdgeOrComponent = (Name, Name, Option<u64>, Name);
 
 /// A directed replica edge `(x, (y, weight))`.
 pub type ReplicaEdge = (Replica, (Replica, u64));
@@ -20,7 +21,7 @@ pub type ReplicaEdge = (Replica, (Replica, u64));
 pub struct ReplicaEdges {
     /// Node and component names ↔ slots; the slots nothing names any more are released by a sweep once as many
     /// names were added since the last one as were live after it (at least `min_sweep`).
-    slots: Slots<String>,
+    slots: Slots<Name>,
     added: usize,
     live_at_sweep: usize,
     min_sweep: usize,
@@ -66,7 +67,7 @@ impl ReplicaEdges {
         self.weights.is_empty() && self.components.is_empty()
     }
 
-    fn slot(&mut self, name: &str) -> u32 {
+    fn slot(&mut self, name: &Name) -> u32 {
         let live = self.slots.len();
         let s = self.slots.intern(name).0;
         self.added += self.slots.len() - live;
@@ -217,6 +218,12 @@ mod tests {
                         }
                     }
                 }
+                let batch = batch
+                    .into_iter()
+                    .map(|((x, y, w, c), d): ((String, String, Option<u64>, String), isize)| {
+                        ((x.into(), y.into(), w, c.into()), d)
+                    })
+                    .collect();
                 for (row, d) in op.apply(batch) {
                     let n = emitted.entry(row.clone()).or_default();
                     *n += d;
@@ -229,7 +236,7 @@ mod tests {
                     if let (Some(cu), Some(cv)) =
                         (comps.get(&(u.clone(), v.clone())), comps.get(&(v.clone(), u.clone())))
                     {
-                        let (ru, rv) = ((u.clone(), cu.clone()), (v.clone(), cv.clone()));
+                        let (ru, rv) = ((u.into(), cu.into()), (v.into(), cv.into()));
                         want.insert((ru.clone(), (rv.clone(), *w)), 1);
                         want.insert((rv, (ru, *w)), 1);
                     }

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 
 use differential_dataflow::input::Input;
 use operators::memory::structure;
+use operators::name::{Interner, Name};
 use timely::dataflow::operators::{Inspect, Probe};
 
 use super::sink::{apply_to_views, memory_params};
@@ -69,15 +70,15 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
     let out: Rc<RefCell<Vec<(ViewUpdate, isize)>>> = Rc::default();
     let sink = out.clone();
     let (mut texts, mut edges, mut logged, probe) = worker.dataflow::<u64, _, _>(|scope| {
-        let (texts_in, texts) = scope.new_collection::<((String, String), String), isize>();
-        let (edges_in, edges) = scope.new_collection::<(String, String, String, u64), isize>();
-        let (logged_in, logged) = scope.new_collection::<((String, String), String), isize>();
+        let (texts_in, texts) = scope.new_collection::<((Name, Name), Name), isize>();
+        let (edges_in, edges) = scope.new_collection::<(Name, Name, Name, u64), isize>();
+        let (logged_in, logged) = scope.new_collection::<((Name, Name), Name), isize>();
         let st = structure(texts, edges, logged, &params);
         let updates = st
             .clusters
-            .map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m))
-            .concat(st.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
-            .concat(st.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
+            .map(|(s, l, c, m)| ViewUpdate::Cluster(s.into(), l, c.into(), m.into()))
+            .concat(st.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s.into(), l, u.into(), v.into(), w)))
+            .concat(st.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s.into(), l, c.into(), t.into())))
             .concat(st.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, r)));
         let (probe, _) = updates.inner.inspect(move |(u, _, d)| sink.borrow_mut().push((u.clone(), *d))).probe();
         (texts_in, edges_in, logged_in, probe)
@@ -88,6 +89,8 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
     let mut replace = shared.restored_through.is_some();
     // Until then, the output of the steps before it.
     let mut kept: Vec<(ViewUpdate, isize)> = Vec::new();
+    // Every name that enters is one allocation, shared by all the rows that carry it.
+    let mut names = Interner::default();
     while let Ok(first) = rx.recv() {
         let mut fed = false;
         let mut taken = 0u64;
@@ -97,17 +100,17 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
                     through = through.max(Some(t));
                     fed |= !ts.is_empty() || !es.is_empty();
                     taken += ts.len() as u64;
-                    for (x, d) in ts {
-                        texts.update(x, d);
+                    for (((s, n), t), d) in ts {
+                        texts.update(((names.take(s), names.take(n)), names.take(t)), d);
                     }
-                    for (x, d) in es {
-                        edges.update(x, d);
+                    for ((s, u, v, w), d) in es {
+                        edges.update((names.take(s), names.take(u), names.take(v), w), d);
                     }
                 }
                 StructureInput::Replies(rs) => {
                     fed |= !rs.is_empty();
-                    for x in rs {
-                        logged.update(x, 1);
+                    for ((s, k), r) in rs {
+                        logged.update(((names.take(s), Name::from(k)), Name::from(r)), 1);
                     }
                 }
             }
@@ -122,6 +125,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
             edges.flush();
             logged.flush();
             worker.step_while(|| probe.less_than(&time));
+            names.sweep();
         }
         // What this step took is no longer waiting once its output is in the views (or kept for them).
         let taken_off = || shared.structure_backlog.fetch_sub(taken, std::sync::atomic::Ordering::SeqCst);
