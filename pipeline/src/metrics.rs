@@ -37,6 +37,9 @@ pub struct Metrics {
     /// 1 while the dataflow rebuilds behind a restored checkpoint (the views serve the checkpoint, and records
     /// after it wait), else 0.
     pub checkpoint_rebuilding: IntGauge,
+    /// The updates by which the dataflow, rebuilt behind the restored checkpoint, differed from it (the views then
+    /// took the dataflow's state); 0 when they agreed or no checkpoint was restored.
+    pub checkpoint_rebuild_differences: IntGauge,
     /// Input log lines a start from a checkpoint compacted away (records replaced or deleted behind it).
     pub input_log_compacted: IntCounter,
     pub llm: connectors::openai::LlmMetrics,
@@ -167,6 +170,11 @@ impl Metrics {
             "1 while the dataflow rebuilds behind a restored checkpoint (records after it are reflected once it is done)",
         )
         .expect("metric");
+        let checkpoint_rebuild_differences = IntGauge::new(
+            "engram_checkpoint_rebuild_differences",
+            "Updates by which the dataflow rebuilt behind the restored checkpoint differed from it (the views took its state)",
+        )
+        .expect("metric");
         let input_log_compacted = IntCounter::new(
             "engram_input_log_compacted_lines_total",
             "Input log lines compacted away behind the checkpoint a start restored (records replaced or deleted by then)",
@@ -209,6 +217,7 @@ impl Metrics {
             Box::new(checkpoint_failures.clone()),
             Box::new(checkpoint_restored.clone()),
             Box::new(checkpoint_rebuilding.clone()),
+            Box::new(checkpoint_rebuild_differences.clone()),
             Box::new(input_log_compacted.clone()),
             Box::new(records_in.clone()),
             Box::new(records_rejected.clone()),
@@ -259,6 +268,7 @@ impl Metrics {
             checkpoint_failures,
             checkpoint_restored,
             checkpoint_rebuilding,
+            checkpoint_rebuild_differences,
             input_log_compacted,
             llm,
             embedder_requests,
@@ -312,6 +322,7 @@ impl Metrics {
             Box::new(self.checkpoint_failures.clone()),
             Box::new(self.checkpoint_restored.clone()),
             Box::new(self.checkpoint_rebuilding.clone()),
+            Box::new(self.checkpoint_rebuild_differences.clone()),
             Box::new(self.input_log_compacted.clone()),
             Box::new(self.input_log_fsync.clone()),
             Box::new(self.unauthorized.clone()),

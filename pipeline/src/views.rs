@@ -646,6 +646,24 @@ impl Views {
         (updates, vectors)
     }
 
+    /// The updates that take what the views hold of the dataflow's own output — everything but the structure's
+    /// changes, the rejects and the sources' positions — to `rebuilt`, the dataflow's output for the same epochs
+    /// (consolidated or not): none where the two agree. A restart from a checkpoint applies them once the dataflow has
+    /// rebuilt the checkpoint's epochs, so the views go on from the state the dataflow's later changes are relative
+    /// to.
+    pub fn correction(&self, rebuilt: Vec<(ViewUpdate, isize)>) -> Vec<(ViewUpdate, isize)> {
+        let of_dataflow =
+            |u: &ViewUpdate| !u.is_structure() && !matches!(u, ViewUpdate::Error(_) | ViewUpdate::Position(..));
+        let (held, _) = self.snapshot();
+        let mut diff: Vec<(ViewUpdate, isize)> = rebuilt
+            .into_iter()
+            .filter(|(u, _)| of_dataflow(u))
+            .chain(held.into_iter().filter(|u| of_dataflow(u)).map(|u| (u, -1)))
+            .collect();
+        differential_dataflow::consolidation::consolidate(&mut diff);
+        diff
+    }
+
     /// Builds the views of a checkpoint ([`Views::snapshot`]) at `as_of` (its hierarchy at `hierarchy_as_of`), with
     /// its rejects.
     pub fn restore(
@@ -764,6 +782,50 @@ mod tests {
             speaker: None,
             ts: None,
         }
+    }
+
+    /// A restart's views hold the checkpoint; the dataflow rebuilt behind it may hold other edges (an approximate
+    /// index built in another order). The correction takes the views to the dataflow's state and leaves the
+    /// structure's part, which the structure replaces on its own, as it was.
+    #[test]
+    fn the_correction_takes_the_views_to_the_rebuilt_dataflow() {
+        let edge = |u: &str, v: &str, w: u32| {
+            ViewUpdate::Edge(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w })
+        };
+        let nodes: Vec<ViewUpdate> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| ViewUpdate::Node("s".into(), node(id, id), Embedding::new(vec![1.0, 0.0])))
+            .collect();
+        let cluster = ViewUpdate::Cluster("s".into(), 1, "L1-x".into(), "a".into());
+        let held: Vec<ViewUpdate> =
+            nodes.iter().cloned().chain([edge("a", "b", 700_000), edge("b", "c", 650_000), cluster.clone()]).collect();
+        let mut views = Views::default();
+        views.apply(held.iter().cloned().map(|u| (u, 1)).collect());
+        // The rebuild keeps a–b at another weight, lacks b–c and has c–d; its rejects and positions are not the
+        // views' to take again.
+        let rebuilt: Vec<(ViewUpdate, isize)> = nodes
+            .iter()
+            .cloned()
+            .chain([edge("a", "b", 710_000), edge("c", "d", 900_000), ViewUpdate::Position("file:x".into(), 9)])
+            .map(|u| (u, 1))
+            .collect();
+        assert!(views
+            .correction(held.iter().filter(|u| !u.is_structure()).cloned().map(|u| (u, 1)).collect())
+            .is_empty());
+        let correction = views.correction(rebuilt.clone());
+        assert_eq!(correction.len(), 4, "{correction:?}");
+        views.apply(correction);
+        let mut want = Views::default();
+        want.apply(rebuilt.into_iter().chain([(cluster, 1)]).collect());
+        let sorted = |v: &Views| {
+            let mut u = v.snapshot().0;
+            u.retain(|u| !matches!(u, ViewUpdate::Position(..)));
+            u.sort();
+            u
+        };
+        assert_eq!(sorted(&views), sorted(&want));
+        assert_eq!(views.edge_count(), 2);
+        assert!(views.correction(want.snapshot().0.into_iter().map(|u| (u, 1)).collect()).is_empty());
     }
 
     #[test]

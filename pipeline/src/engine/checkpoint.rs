@@ -4,7 +4,9 @@
 //! the model's replies the dataflow had been fed by `E` (the first that many of the response log, in its order), and
 //! a fingerprint of the configuration the memory depends on. The memory at `E` is a function of the records logged
 //! at epochs up to `E` and of those replies, so a restart feeds exactly them at epoch `E` — their updates are what
-//! the checkpoint already holds, and the views sink drops them — and everything after at `E + 1`, applied as usual.
+//! the checkpoint already holds, up to the similarity index's approximation: the views sink sets them aside and, once
+//! the rebuild has passed `E`, corrects the views where they differ — and everything after at `E + 1`, applied as
+//! usual.
 //! The hierarchy runs behind layer 0 (see `structure.rs`): a checkpoint holds it as of its own epoch, served at
 //! restart until the structure's first step replaces it whole.
 //! The file is `DATA_DIR/checkpoint.bin`: a magic line, the bincode body, and the body's BLAKE3 hash; written aside,

@@ -127,6 +127,10 @@ fn views_sink<'s>(
     // A restart from a checkpoint starts at the checkpoint's epoch: the views never go back behind it.
     let mut last_as_of: Option<u64> = shared.restored_through;
     let mut caught_up = false;
+    // The dataflow's output for the checkpoint's epochs, which the views already hold as the checkpoint: once the
+    // rebuild has passed them, the views take the dataflow's state where the two differ (an approximate index
+    // rebuilt in another order), so that the changes after it apply to the state they were computed from.
+    let mut rebuilt: Option<Vec<(ViewUpdate, isize)>> = shared.restored_through.map(|_| Vec::new());
     let opened = std::time::Instant::now();
     type Nothing = timely::container::CapacityContainerBuilder<Vec<()>>;
     let applied = updates.inner.unary_frontier::<Nothing, _, _, _>(
@@ -159,7 +163,7 @@ fn views_sink<'s>(
                     }
                 }
                 let ready: Vec<u64> = pending.keys().copied().take_while(|t| lower.is_none_or(|f| *t < f)).collect();
-                if ready.is_empty() && as_of == last_as_of {
+                if ready.is_empty() && as_of == last_as_of && !(caught_up && rebuilt.is_some()) {
                     held.retain(|t, _| lower.is_some_and(|f| *t >= f));
                     return;
                 }
@@ -173,9 +177,18 @@ fn views_sink<'s>(
                     }
                     if shared.restored_through.is_some_and(|e| t <= e) {
                         // The views started from a checkpoint that holds this epoch.
+                        if let Some(r) = rebuilt.as_mut() {
+                            r.extend(updates);
+                        }
                         continue;
                     }
+                    if caught_up {
+                        reconcile(&shared, &mut rebuilt, &mut batches);
+                    }
                     batches.push((t, updates));
+                }
+                if caught_up {
+                    reconcile(&shared, &mut rebuilt, &mut batches);
                 }
                 apply_to_views(&shared, batches, |views| views.as_of = as_of.max(views.as_of));
                 let advanced = as_of.max(last_as_of) > last_as_of;
@@ -230,6 +243,28 @@ impl Layer0 {
 
 /// Applies epochs of consolidated updates to the views, then `then` under the same lock: the change topic is sent
 /// and summaries and events are embedded before the views are locked, so a slow endpoint holds up no reader.
+/// Once the dataflow has rebuilt a checkpoint's epochs: queues the correction from the checkpoint's views to the
+/// rebuilt state (see [`crate::views::Views::correction`]), at the checkpoint's epoch, ahead of every later epoch.
+fn reconcile(
+    shared: &Arc<Shared>,
+    rebuilt: &mut Option<Vec<(ViewUpdate, isize)>>,
+    batches: &mut Vec<(u64, Vec<(ViewUpdate, isize)>)>,
+) {
+    let (Some(rebuilt), Some(epoch)) = (rebuilt.take(), shared.restored_through) else { return };
+    let correction = shared.views().correction(rebuilt);
+    shared.metrics.checkpoint_rebuild_differences.set(correction.len() as i64);
+    if correction.is_empty() {
+        tracing::info!(epoch, "the rebuilt dataflow agrees with the checkpoint");
+    } else {
+        tracing::warn!(
+            epoch,
+            updates = correction.len(),
+            "the rebuilt dataflow differs from the checkpoint (an approximate index built in another order); the views take its state"
+        );
+        batches.push((epoch, correction));
+    }
+}
+
 pub(super) fn apply_to_views(
     shared: &Arc<Shared>,
     batches: Vec<(u64, Vec<(ViewUpdate, isize)>)>,

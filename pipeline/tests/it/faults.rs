@@ -267,3 +267,108 @@ async fn a_start_compacts_the_log_behind_its_checkpoint() {
     assert_eq!(compacted_lines(&engine).await, 0, "nothing left to compact");
     assert_eq!(state(&engine.api, last).await, uninterrupted);
 }
+
+/// Waits until the views' layer 0 reflects `receipt`.
+async fn layer0_wait(api: &str, receipt: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(&format!("{api}/healthz")).await.1["as_of"].as_u64().is_none_or(|a| a < receipt) {
+        assert!(Instant::now() < deadline, "the views never reached {receipt}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Layer 0 as the views hold it once they reflect `receipt`: every node with its neighbours and their weights.
+async fn layer0_graph(api: &str, receipt: u64) -> Vec<(String, Value)> {
+    layer0_wait(api, receipt).await;
+    let mut graph = Vec::new();
+    for offset in (0..).step_by(1000) {
+        let (_, page) = get(&format!("{api}/v1/spaces/f/layers/0?offset={offset}&limit=1000")).await;
+        let nodes = page["nodes"].as_array().unwrap().clone();
+        for n in &nodes {
+            let id = n["id"].as_str().unwrap().to_string();
+            let path = id.replace('#', "%23");
+            let (status, node) = get(&format!("{api}/v1/spaces/f/nodes/{path}")).await;
+            assert_eq!(status, 200, "{node}");
+            graph.push((id, node["neighbours"].clone()));
+        }
+        if nodes.len() < 1000 {
+            return graph;
+        }
+    }
+    unreachable!()
+}
+
+/// A space past `similarity.exhaustive-below`, with a coarse index, whose edges depend on the order of its inserts: the
+/// run before a restart built them in many epochs, the restart's rebuild in one. Once the rebuild has passed the
+/// checkpoint, the views take its state (`engram_checkpoint_rebuild_differences` counts what differed), so that the
+/// records after it apply to the state they were computed from: the restarted memory then equals a from-scratch
+/// build of the same log fed the same records after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_takes_the_rebuilt_state_where_an_approximate_index_differs() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let words = ["harbour", "storm", "council", "wall", "ferry", "strike", "budget", "tide", "pier", "clinic", "vote"];
+    let mut record = |doc: usize, seq: usize| {
+        let text: Vec<&str> = (0..6).map(|_| words[rng.gen_range(0..words.len())]).collect();
+        json!({"kind": "chunk", "doc": format!("d{doc}"), "seq": seq, "text": text.join(" ")}).to_string()
+    };
+    let before: Vec<String> =
+        (0..12).map(|b| (0..30).map(|i| record(b * 30 + i, 0)).collect::<Vec<_>>().join("\n")).collect();
+    let mut after: Vec<String> =
+        (0..4).map(|b| (0..20).map(|i| record(500 + b * 20 + i, 0)).collect::<Vec<_>>().join("\n")).collect();
+    after.push(
+        (0..30)
+            .map(|d| json!({"kind": "delete", "doc": format!("d{}", d * 7)}).to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    let env = [
+        ("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms"),
+        ("ENGRAM__CHECKPOINT__INTERVAL", "1h"),
+        ("ENGRAM__SIMILARITY__EXHAUSTIVE_BELOW", "0"),
+        ("ENGRAM__SIMILARITY__MAX_CONNECTIONS", "2"),
+        ("ENGRAM__SIMILARITY__EF_CONSTRUCTION", "2"),
+        ("ENGRAM__SIMILARITY__EF_SEARCH", "2"),
+        ("ENGRAM__SIMILARITY__MAX_REVERSE_CLASSES", "16"),
+    ];
+    // Each batch in an epoch of its own: the engine has reflected one before the next is sent.
+    async fn feed(engine: &Engine, batches: &[String]) -> u64 {
+        let mut last = 0;
+        for b in batches {
+            last = send(&engine.api, b).await.unwrap();
+            layer0_wait(&engine.api, last).await;
+        }
+        last
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    let last = feed(&engine, &before).await;
+    assert_eq!(layer0_graph(&engine.api, last).await.len(), 12 * 30);
+    assert_eq!(engine.terminate(), Some(0));
+    // The from-scratch build: the same log, no checkpoint, its records replayed in one epoch.
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.path().join("input.log"), scratch.path().join("input.log")).unwrap();
+
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    assert!(restored_epoch(&engine).await >= 0, "the restart serves its checkpoint");
+    let last = feed(&engine, &after).await;
+    let restarted = layer0_graph(&engine.api, last).await;
+    let differences: i64 = metric(&engine, "engram_checkpoint_rebuild_differences").await;
+    assert_eq!(engine.terminate(), Some(0));
+
+    let mut engine = Engine::start(scratch.path(), &[], &env);
+    assert_eq!(restored_epoch(&engine).await, -1);
+    // The replayed log goes in as one epoch before anything is sent, as the restart's checkpoint did.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(&format!("{}/v1/spaces", engine.api)).await.1["spaces"][0]["nodes"] != 12 * 30 {
+        assert!(Instant::now() < deadline, "the log was never replayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last_scratch = feed(&engine, &after).await;
+    let from_scratch = layer0_graph(&engine.api, last_scratch).await;
+    assert_eq!(engine.terminate(), Some(0));
+
+    assert!(differences > 0, "this index rebuilt in one epoch keeps other edges than in twelve");
+    assert_eq!(restarted.len(), 12 * 30 + 4 * 20 - 30);
+    assert_eq!(restarted, from_scratch, "the restarted memory equals the from-scratch build fed the same records");
+}
