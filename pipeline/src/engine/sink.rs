@@ -256,9 +256,14 @@ fn reconcile(
     if correction.is_empty() {
         tracing::info!(epoch, "the rebuilt dataflow agrees with the checkpoint");
     } else {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for (u, _) in &correction {
+            *kinds.entry(u.kind()).or_default() += 1;
+        }
         tracing::warn!(
             epoch,
             updates = correction.len(),
+            ?kinds,
             "the rebuilt dataflow differs from the checkpoint (an approximate index built in another order); the views take its state"
         );
         batches.push((epoch, correction));
