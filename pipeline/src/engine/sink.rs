@@ -241,8 +241,6 @@ impl Layer0 {
     }
 }
 
-/// Applies epochs of consolidated updates to the views, then `then` under the same lock: the change topic is sent
-/// and summaries and events are embedded before the views are locked, so a slow endpoint holds up no reader.
 /// Once the dataflow has rebuilt a checkpoint's epochs: queues the correction from the checkpoint's views to the
 /// rebuilt state (see [`crate::views::Views::correction`]), at the checkpoint's epoch, ahead of every later epoch.
 fn reconcile(
@@ -270,6 +268,8 @@ fn reconcile(
     }
 }
 
+/// Applies epochs of consolidated updates to the views, then `then` under the same lock: the change topic is sent
+/// and summaries and events are embedded before the views are locked, so a slow endpoint holds up no reader.
 pub(super) fn apply_to_views(
     shared: &Arc<Shared>,
     batches: Vec<(u64, Vec<(ViewUpdate, isize)>)>,
