@@ -105,7 +105,8 @@ pub struct Shared {
     legacy: HashMap<(String, String), String>,
     /// What a restart from a checkpoint feeds at the checkpoint's epoch (taken by the driver before anything else).
     pub(super) prefix: Mutex<Option<(u64, Vec<Item>)>>,
-    /// The checkpoint's epoch, when the views started from one: the views sink drops the updates up to it.
+    /// The checkpoint's epoch, when the views started from one: the views sink sets the updates up to it aside, and
+    /// corrects the views to them once the rebuild has passed it.
     pub(super) restored_through: Option<u64>,
     /// The model's replies and the records fed so far, and their counts at the end of each epoch fed (pruned below
     /// what the views hold).
@@ -214,7 +215,7 @@ impl Shared {
         let mut items = Vec::new();
         let (prefix, restored_through) = match checkpoint {
             Some(c) => {
-                // The epochs the checkpoint holds are fed at its epoch, their updates dropped by the views sink; the
+                // The epochs the checkpoint holds are fed at its epoch, their updates set aside by the views sink; the
                 // rest after it. Positions go after it too: they reach only the views, which take the latest.
                 let (e, n) = (c.epoch, c.replies as usize);
                 let mut prefix = Vec::new();
