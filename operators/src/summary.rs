@@ -5,10 +5,11 @@
 //! words recur across the cluster's texts), in their original order, up to a word budget. Deterministic, so a
 //! replay gives the same summaries even without the response log.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::embed::words;
+use crate::fasthash::{HashMap as FastMap, HashSet as FastSet};
 use crate::hash::fnv1a;
 use crate::request::ModelRequest;
 
@@ -299,14 +300,18 @@ impl SummaryCache {
 pub struct Scheduler {
     debounce: Duration,
     max_latency: Duration,
-    first_seen: HashMap<(String, String), Duration>,
-    sent: HashSet<(String, String)>,
+    first_seen: FastMap<(String, String), Duration>,
+    sent: FastSet<(String, String)>,
     /// Failed requests: not sent again before this.
-    retry_at: HashMap<(String, String), Duration>,
+    retry_at: FastMap<(String, String), Duration>,
     /// No cluster summary is sent while this holds ([`Scheduler::hold_summaries`]).
     hold: bool,
     /// Per live session `(space, conversation, session)`: since when its newest turns have waited for the model.
-    session_since: HashMap<(String, String, i64), Duration>,
+    session_since: FastMap<(String, String, i64), Duration>,
+    /// The earliest time a request of the last [`Scheduler::due_given`] could fall due without a change (`None`:
+    /// none could), and whether the state changed since (a retry, a resend, the hold): see [`Scheduler::check_due`].
+    next_at: Option<Duration>,
+    changed: bool,
 }
 
 /// A request waiting for the model: `((space, content key), request)`; shared with the views that list it, so that
@@ -318,12 +323,21 @@ impl Scheduler {
         Scheduler {
             debounce,
             max_latency,
-            first_seen: HashMap::new(),
-            sent: HashSet::new(),
-            retry_at: HashMap::new(),
+            first_seen: FastMap::default(),
+            sent: FastSet::default(),
+            retry_at: FastMap::default(),
             hold: false,
-            session_since: HashMap::new(),
+            session_since: FastMap::default(),
+            next_at: None,
+            changed: true,
         }
+    }
+
+    /// Whether [`Scheduler::due_given`] could return anything at `now` for the same waiting list as its last call:
+    /// the state changed since, or a request's wait ends by `now`. A caller that calls it only then (and whenever the
+    /// waiting list changes) sends what it would send calling it every tick, at the same ticks.
+    pub fn check_due(&self, now: Duration) -> bool {
+        self.changed || self.next_at.is_some_and(|at| now >= at)
     }
 
     /// The requests of `waiting` (everything waiting now) that are due at `now`, in the order given; forgets the
@@ -340,11 +354,11 @@ impl Scheduler {
         now: Duration,
         members_since: impl Fn(&str, &str) -> Option<Duration>,
     ) -> Vec<&'a Waiting> {
-        let live: HashSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
+        let live: FastSet<&(String, String)> = waiting.iter().map(|w| &w.0).collect();
         self.first_seen.retain(|k, _| live.contains(k));
         self.sent.retain(|k| live.contains(k));
         self.retry_at.retain(|k, _| live.contains(k));
-        let sessions: HashSet<(&str, &str, i64)> = waiting
+        let sessions: FastSet<(&str, &str, i64)> = waiting
             .iter()
             .filter_map(|((space, _), r)| match r.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
@@ -354,42 +368,58 @@ impl Scheduler {
             })
             .collect();
         self.session_since.retain(|(s, c, n), _| sessions.contains(&(s.as_str(), c.as_str(), *n)));
+        self.changed = false;
+        let mut next_at: Option<Duration> = None;
+        let mut wake = |at: Duration| next_at = Some(next_at.map_or(at, |n| n.min(at)));
         let mut due = Vec::new();
         for w in waiting {
             let (key, request) = w;
+            if self.sent.contains(key) {
+                continue;
+            }
             let seen = *self.first_seen.entry(key.clone()).or_insert(now);
-            let settled = |since: Duration| now.saturating_sub(since) >= self.debounce;
-            let members_settled = match request.as_ref() {
-                ModelRequest::Summary { cluster, .. } => members_since(&key.0, cluster).is_some_and(settled),
-                _ => false,
+            let since = match request.as_ref() {
+                ModelRequest::Summary { cluster, .. } => members_since(&key.0, cluster),
+                _ => None,
             };
+            // When it is stable: its wait, or its members' (whichever ends first), and no earlier than a retry.
+            let waited = since.map_or(seen, |m| m.min(seen)) + self.debounce;
+            let retry = self.retry_at.get(key).copied();
+            let stable_at = retry.map_or(waited, |r| r.max(waited));
             let held = self.hold && matches!(request.as_ref(), ModelRequest::Summary { .. });
-            let stable =
-                (settled(seen) || members_settled) && self.retry_at.get(key).is_none_or(|at| now >= *at) && !held;
+            let stable = now >= stable_at && !held;
             let session = match request.as_ref() {
                 ModelRequest::Session { conversation, session, .. } => {
                     Some((key.0.clone(), conversation.clone(), *session))
                 }
                 _ => None,
             };
-            let overdue = session.as_ref().is_some_and(|s| {
-                let since = *self.session_since.entry(s.clone()).or_insert(now);
-                now.saturating_sub(since) >= self.max_latency
-            });
-            if (stable || overdue) && !self.sent.contains(key) {
+            let overdue_at =
+                session.as_ref().map(|s| *self.session_since.entry(s.clone()).or_insert(now) + self.max_latency);
+            let overdue = overdue_at.is_some_and(|at| now >= at);
+            if stable || overdue {
                 self.sent.insert(key.clone());
                 if let Some(s) = session {
                     self.session_since.insert(s, now);
                 }
                 due.push(w);
+                continue;
+            }
+            if !held {
+                wake(stable_at);
+            }
+            if let Some(at) = overdue_at {
+                wake(at);
             }
         }
+        self.next_at = next_at;
         due
     }
 
     /// Holds every cluster summary back (while the hierarchy works through a load, its clusters are still moving), or
     /// lets them go again. A held request keeps its wait: once let go it is due as it would have been.
     pub fn hold_summaries(&mut self, hold: bool) {
+        self.changed |= self.hold != hold;
         self.hold = hold;
     }
 
@@ -398,11 +428,13 @@ impl Scheduler {
         self.sent.remove(key);
         self.first_seen.insert(key.clone(), now);
         self.retry_at.insert(key.clone(), now + self.debounce);
+        self.changed = true;
     }
 
     /// A reply that could not be kept: the request is due again at once.
     pub fn resend(&mut self, key: &(String, String)) {
         self.sent.remove(key);
+        self.changed = true;
     }
 }
 
@@ -472,6 +504,74 @@ mod tests {
         assert!(sch.due_given(&later, s(60), since).is_empty());
         sch.hold_summaries(false);
         assert_eq!(keys(sch.due_given(&later, s(61), since)), ["k3"]);
+    }
+
+    /// Asking only when the waiting list changed or [`Scheduler::check_due`] says so sends what asking every tick
+    /// sends, at the same ticks: seeded random waiting lists, members' changes, holds, retries and resends.
+    #[test]
+    fn asking_when_check_due_says_so_equals_asking_every_tick() {
+        use rand::{Rng, SeedableRng};
+        let s = Duration::from_millis;
+        for seed in 0..40u64 {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let pool: Vec<Waiting> = (0..12)
+                .map(|i| {
+                    if i % 4 == 3 {
+                        let request =
+                            ModelRequest::Session { conversation: format!("c{}", i % 2), session: 0, turns: vec![] };
+                        (("a".to_string(), format!("seg{i}")), std::sync::Arc::new(request))
+                    } else {
+                        summary("a", &format!("k{i}"), &format!("L2:{}", i % 5), "text")
+                    }
+                })
+                .collect();
+            let (debounce, latency) = (s(rng.gen_range(1..6) * 20), s(rng.gen_range(2..12) * 20));
+            let mut every = Scheduler::new(debounce, latency);
+            let mut lazy = Scheduler::new(debounce, latency);
+            let mut waiting: Vec<Waiting> = Vec::new();
+            let mut since: HashMap<String, Duration> = HashMap::new();
+            let mut changed = true;
+            for tick in 0..300u64 {
+                let now = s(tick * 20);
+                if rng.gen_bool(0.1) {
+                    let w = &pool[rng.gen_range(0..pool.len())];
+                    match waiting.iter().position(|x| x.0 == w.0) {
+                        Some(at) => drop(waiting.remove(at)),
+                        None => waiting.push(w.clone()),
+                    }
+                    changed = true;
+                }
+                if rng.gen_bool(0.05) {
+                    since.insert(format!("L2:{}", rng.gen_range(0..5)), now);
+                    changed = true;
+                }
+                if rng.gen_bool(0.03) {
+                    let hold = rng.gen_bool(0.5);
+                    every.hold_summaries(hold);
+                    lazy.hold_summaries(hold);
+                }
+                if rng.gen_bool(0.03) && !waiting.is_empty() {
+                    let key = waiting[rng.gen_range(0..waiting.len())].0.clone();
+                    if rng.gen_bool(0.5) {
+                        every.retry(&key, now);
+                        lazy.retry(&key, now);
+                    } else {
+                        every.resend(&key);
+                        lazy.resend(&key);
+                    }
+                }
+                let given = |_: &str, c: &str| since.get(c).copied();
+                let a: Vec<String> =
+                    every.due_given(&waiting, now, given).into_iter().map(|w| w.0 .1.clone()).collect();
+                let b: Vec<String> = if changed || lazy.check_due(now) {
+                    lazy.due_given(&waiting, now, given).into_iter().map(|w| w.0 .1.clone()).collect()
+                } else {
+                    Vec::new()
+                };
+                changed = false;
+                assert_eq!(a, b, "seed {seed}, tick {tick}");
+            }
+        }
     }
 
     #[test]

@@ -467,7 +467,13 @@ pub struct Views {
     pub positions: HashMap<String, u64>,
     /// Spaces whose index is to be built aside, not yet handed out ([`Views::take_index_builds`]).
     pub index_builds: BTreeSet<String>,
+    /// Changes whenever a waiting request or a cluster's members change (a number no other `Views` has had): the
+    /// summariser takes the waiting list again only then.
+    pub requests_version: u64,
 }
+
+/// The source of [`Views::requests_version`]: unique across every `Views` of the process.
+static REQUESTS_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Views {
     /// Whether the views hold `offset` of `source` (read by any process of the cluster).
@@ -496,6 +502,9 @@ impl Views {
         // Layer-0 positions that changed, (space, doc, position): their nodes and the nodes after them have a new
         // node before them.
         let mut moved: BTreeSet<(String, String, i64)> = BTreeSet::new();
+        if updates.iter().any(|(u, _)| matches!(u, ViewUpdate::Request(..) | ViewUpdate::Cluster(..))) {
+            self.requests_version = REQUESTS_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         for (u, d) in updates {
             match u {
                 ViewUpdate::Node(space, node, emb) => {

@@ -66,7 +66,8 @@ fn spawn_model_thread(i: usize, shared: Arc<Shared>, jobs: Arc<Mutex<Receiver<Jo
         .expect("spawn LLM worker");
 }
 
-/// The summariser's loop: every 20 ms, what is waiting in the views, what is due, what came back.
+/// The summariser's loop: every 20 ms, what is due (the waiting list taken again when the views' requests change) and what
+/// came back.
 fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
     let config = &shared.config;
     let mut scheduler = Scheduler::new(config.hierarchy.summary_debounce, config.events.max_latency);
@@ -83,33 +84,47 @@ fn summarize(shared: &Shared, jobs: &Sender<Job>, done_rx: &Receiver<Done>) {
     // Failed attempts per request; past `llm.max-failures` its extractive answer is logged in its place.
     let mut failures: HashMap<(String, String), u32> = HashMap::new();
     let extractive = operators::extractive::Extractive { max_words: config.hierarchy.summary_words };
+    // What waits, and when the members of each cluster waiting for its summary last changed: taken again only when
+    // the views' requests or clusters change (and at least every second), not every tick.
+    let mut waiting: Vec<Waiting> = Vec::new();
+    let mut members_since: HashMap<String, HashMap<String, Duration>> = HashMap::new();
+    let (mut version, mut taken) = (None, Instant::now());
     while !shared.stopping() {
-        // What waits, and when the members of each cluster waiting for its summary last changed.
-        let (waiting, members_since) = {
+        let changed = {
             let views = shared.views();
-            let spaces = views.spaces.iter();
-            let waiting: Vec<Waiting> = spaces
-                .flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone())))
-                .collect();
-            let mut since: HashMap<String, HashMap<String, Duration>> = HashMap::new();
-            for ((s, _), r) in &waiting {
-                if let ModelRequest::Summary { cluster, .. } = r.as_ref() {
-                    let at = views.spaces.get(s).and_then(|v| v.clusters.get(cluster)).and_then(|c| c.members_since);
-                    if let Some(at) = at {
-                        since
-                            .entry(s.clone())
-                            .or_default()
-                            .insert(cluster.clone(), at.saturating_duration_since(origin));
+            let changed = version != Some(views.requests_version) || taken.elapsed() >= Duration::from_secs(1);
+            if changed {
+                (version, taken) = (Some(views.requests_version), Instant::now());
+                waiting = views
+                    .spaces
+                    .iter()
+                    .flat_map(|(s, v)| v.requests.iter().map(move |(k, r)| ((s.clone(), k.clone()), r.clone())))
+                    .collect();
+                members_since.clear();
+                for ((s, _), r) in &waiting {
+                    if let ModelRequest::Summary { cluster, .. } = r.as_ref() {
+                        let at =
+                            views.spaces.get(s).and_then(|v| v.clusters.get(cluster)).and_then(|c| c.members_since);
+                        if let Some(at) = at {
+                            members_since
+                                .entry(s.clone())
+                                .or_default()
+                                .insert(cluster.clone(), at.saturating_duration_since(origin));
+                        }
                     }
                 }
             }
-            (waiting, since)
+            changed
         };
         let now = origin.elapsed();
         let backlog = shared.structure_backlog.load(std::sync::atomic::Ordering::SeqCst);
         scheduler.hold_summaries(backlog > config.llm.summary_hold_backlog);
         let mut done = Vec::new();
-        let due = scheduler.due_given(&waiting, now, |s, c| members_since.get(s).and_then(|m| m.get(c)).copied());
+        let due = if changed || scheduler.check_due(now) {
+            scheduler.due_given(&waiting, now, |s, c| members_since.get(s).and_then(|m| m.get(c)).copied())
+        } else {
+            Vec::new()
+        };
         for ((space, key), request) in due {
             let plan = shared.summary_cache.lock().expect("summary cache lock").plan(space, key, request);
             if let Some(reply) = shared.legacy_reply(space, key, request) {
