@@ -13,7 +13,9 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{link_weight, strongest, HierarchyParams};
+#[cfg(doc)]
+use super::strongest;
+use super::{link_weight, HierarchyParams};
 use crate::name::Name;
 use crate::slots::{bump, HashMap, HashSet, Slots};
 
@@ -137,10 +139,19 @@ impl Links {
         for &c in &dirty {
             let new: Vec<u32> = {
                 let clusters = &self.clusters;
-                let links = self.counts[c as usize].iter().map(|(&b, &n)| (link_weight(n), b));
-                let named: Vec<(u64, &str)> = links.map(|(w, b)| (w, clusters.key(b).as_str())).collect();
-                let keep: Vec<&str> = strongest(named.into_iter(), self.max_degree);
-                keep.into_iter().map(|k| clusters.get(k).expect("a linked cluster holds a slot")).collect()
+                let mut links: Vec<(u64, &str, u32)> = self.counts[c as usize]
+                    .iter()
+                    .map(|(&b, &n)| (link_weight(n), clusters.key(b).as_str(), b))
+                    .collect();
+                // [`strongest`]'s order (heaviest first, ties to the smaller name), the cut taken by selection: a
+                // cluster of hundreds of links, most of one weight, sorts only the ones it keeps.
+                let order = |x: &(u64, &str, u32), y: &(u64, &str, u32)| y.0.cmp(&x.0).then_with(|| x.1.cmp(y.1));
+                if links.len() > self.max_degree {
+                    links.select_nth_unstable_by(self.max_degree - 1, order);
+                    links.truncate(self.max_degree);
+                }
+                links.sort_unstable_by(order);
+                links.into_iter().map(|l| l.2).collect()
             };
             let old = std::mem::replace(&mut self.kept[c as usize], new);
             for b in old.into_iter().chain(self.kept[c as usize].iter().copied()) {

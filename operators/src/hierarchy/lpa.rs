@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
-use super::{active, link_groups, replica_hash, strongest_link, Replica};
+use super::{active, link_groups, replica_hash, Replica};
 use crate::slots::{HashMap, Slots};
 
 /// One replica graph and its labels.
@@ -290,14 +290,23 @@ impl Lpa {
 
     /// A live replica's strongest link with its weight, by the reference's rule ([`super::strongest_link`]).
     fn strongest(&self, s: u32) -> Option<(u32, u128)> {
-        let mut links: Vec<(&Replica, u32, u128)> = self.adj[s as usize]
+        // The total weight per neighbour (a neighbour may come more than once), grouped by slot; names are compared
+        // only between the neighbours that tie for the heaviest.
+        let mut links: Vec<(u32, u128)> = self.adj[s as usize]
             .iter()
             .filter(|(n, _, m)| *m > 0 && self.live(*n))
-            .map(|(n, w, m)| (self.slots.key(*n), *n, u128::from(*w) * *m as u128))
+            .map(|(n, w, m)| (*n, u128::from(*w) * *m as u128))
             .collect();
-        links.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let (best, w) = strongest_link(links.iter().map(|(r, _, w)| (*r, *w)))?;
-        links.iter().find(|l| l.0 == best).map(|l| (l.1, w))
+        links.sort_unstable_by_key(|l| l.0);
+        let mut best: Option<(u32, u128)> = None;
+        for group in links.chunk_by(|a, b| a.0 == b.0) {
+            let (n, w) = (group[0].0, group.iter().map(|l| l.1).sum::<u128>());
+            let better = best.is_none_or(|(bn, bw)| w > bw || (w == bw && self.slots.key(n) < self.slots.key(bn)));
+            if better {
+                best = Some((n, w));
+            }
+        }
+        best
     }
 
     /// The label of live replica `s` after `round`, from its neighbours' labels after the round before.
