@@ -2,7 +2,7 @@
 //! neighbour a, the component of v's ego network (the subgraph induced by v's neighbours) that holds a, named by its
 //! smallest member ([`super::ego_components`] is the same rule over strings, used by the sequential reference).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use super::find_root;
 use crate::name::Name;
@@ -59,25 +59,26 @@ impl Ego {
                 bump(&mut self.adj[a as usize], b, d);
             }
         }
-        let mut affected: BTreeSet<u32> = BTreeSet::new();
+        let mut affected: Vec<u32> = Vec::new();
         let mut seen: Vec<u32> = Vec::new();
         for (&(u, v), &was) in &linked_before {
             seen.extend([u, v]);
             if self.adj[u as usize].contains_key(&v) == was {
                 continue;
             }
-            affected.insert(u);
-            affected.insert(v);
+            affected.extend([u, v]);
             let (nu, nv) = (&self.adj[u as usize], &self.adj[v as usize]);
             let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
             affected.extend(small.keys().filter(|w| large.contains_key(*w)));
         }
+        affected.sort_unstable();
+        affected.dedup();
         let mut out = Vec::new();
         for v in affected {
             let now = self.components(v);
             let before = std::mem::take(&mut self.emitted[v as usize]);
             for (a, c) in before.iter() {
-                let n = now.get(a);
+                let n = now.binary_search_by_key(a, |r| r.0).ok().map(|i| &now[i].1);
                 if n != Some(c) {
                     out.push((self.name(v), self.name(*a), Some(self.name(*c)), n.map(|n| self.name(*n))));
                 }
@@ -87,7 +88,7 @@ impl Ego {
                     out.push((self.name(v), self.name(*a), None, Some(self.name(*c))));
                 }
             }
-            self.emitted[v as usize] = now.into_iter().collect();
+            self.emitted[v as usize] = now.into_boxed_slice();
         }
         for s in seen {
             if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() {
@@ -105,9 +106,10 @@ impl Ego {
     }
 
     /// v's ego network: union-find over its neighbours and the links among them, each component named by its
-    /// smallest member (by name).
-    fn components(&mut self, v: u32) -> BTreeMap<u32, u32> {
-        let nbrs: Vec<u32> = self.adj[v as usize].keys().copied().collect();
+    /// smallest member (by name); `(neighbour, component)` in neighbour order.
+    fn components(&mut self, v: u32) -> Vec<(u32, u32)> {
+        let mut nbrs: Vec<u32> = self.adj[v as usize].keys().copied().collect();
+        nbrs.sort_unstable();
         for (i, a) in nbrs.iter().enumerate() {
             self.mark[*a as usize] = i as u32 + 1;
         }
@@ -134,10 +136,10 @@ impl Ego {
         if self.pool {
             super::pool_loose(&mut roots, |a, b| self.slots.key(nbrs[a]).cmp(self.slots.key(nbrs[b])));
         }
-        let comps: BTreeMap<u32, u32> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[roots[i]])).collect();
+        let mut comps: Vec<(u32, u32)> = (0..nbrs.len()).map(|i| (nbrs[i], nbrs[roots[i]])).collect();
         // A single component is named "" ([`SOLE`]), as [`super::ego_components`] names it.
-        if comps.values().all(|c| Some(c) == comps.values().next()) {
-            return comps.into_keys().map(|a| (a, SOLE)).collect();
+        if comps.iter().all(|c| c.1 == comps[0].1) {
+            comps.iter_mut().for_each(|c| c.1 = SOLE);
         }
         comps
     }
@@ -145,6 +147,8 @@ impl Ego {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
