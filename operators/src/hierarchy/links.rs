@@ -1,6 +1,6 @@
 //! The graph of the layer above, kept incrementally per space: two clusters are linked once for every member they
 //! share and once for every edge between their members (in each direction), a link weighs [`link_weight`] of that
-//! count, each cluster keeps its `max-degree` heaviest links ([`strongest`]) and a link is an edge when either end
+//! count, each cluster keeps its `max-degree` heaviest links ([`super::strongest`]) and a link is an edge when either end
 //! keeps it — [`super::reference::next_layer`], over integer slots.
 //!
 //! As joins (members × members, edges × members × members, a count, a top-k reduce and a distinct) the same
@@ -13,9 +13,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-#[cfg(doc)]
-use super::strongest;
-use super::{link_weight, HierarchyParams};
+use super::{keep_strongest, link_weight, HierarchyParams};
 use crate::name::Name;
 use crate::slots::{bump, HashMap, HashSet, Slots};
 
@@ -143,14 +141,7 @@ impl Links {
                     .iter()
                     .map(|(&b, &n)| (link_weight(n), clusters.key(b).as_str(), b))
                     .collect();
-                // [`strongest`]'s order (heaviest first, ties to the smaller name), the cut taken by selection: a
-                // cluster of hundreds of links, most of one weight, sorts only the ones it keeps.
-                let order = |x: &(u64, &str, u32), y: &(u64, &str, u32)| y.0.cmp(&x.0).then_with(|| x.1.cmp(y.1));
-                if links.len() > self.max_degree {
-                    links.select_nth_unstable_by(self.max_degree - 1, order);
-                    links.truncate(self.max_degree);
-                }
-                links.sort_unstable_by(order);
+                keep_strongest(&mut links, self.max_degree);
                 links.into_iter().map(|l| l.2).collect()
             };
             let old = std::mem::replace(&mut self.kept[c as usize], new);

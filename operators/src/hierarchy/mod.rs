@@ -400,9 +400,24 @@ pub fn link_weight(count: u64) -> u64 {
 /// 3,000 meeting turns: mean degree 70 over 1,316 clusters, 110 over 195), and every ego network and label round
 /// over it costs the square of that.
 pub fn strongest<'a>(links: impl Iterator<Item = (u64, &'a str)>, max: usize) -> Vec<&'a str> {
-    let mut links: Vec<(u64, &str)> = links.collect();
-    links.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(y.1)));
-    links.into_iter().take(max).map(|l| l.1).collect()
+    let mut links: Vec<(u64, &str, ())> = links.map(|(w, b)| (w, b, ())).collect();
+    keep_strongest(&mut links, max);
+    links.into_iter().map(|l| l.1).collect()
+}
+
+/// Cuts `links` `(weight, other end, payload)` to the ones [`strongest`] keeps, in its order. The cut is a selection,
+/// so a node of hundreds of links, most of one weight (a weight is a bit length), sorts only those it keeps.
+pub(crate) fn keep_strongest<T>(links: &mut Vec<(u64, &str, T)>, max: usize) {
+    let order = |x: &(u64, &str, T), y: &(u64, &str, T)| y.0.cmp(&x.0).then_with(|| x.1.cmp(y.1));
+    if max == 0 {
+        links.clear();
+        return;
+    }
+    if links.len() > max {
+        links.select_nth_unstable_by(max - 1, order);
+        links.truncate(max);
+    }
+    links.sort_unstable_by(order);
 }
 
 /// The root of `x` in a union-find forest of indices, compressing the path on the way.
