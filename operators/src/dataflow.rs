@@ -1,7 +1,7 @@
 //! The layer-0 operators as timely/differential dataflow: embedding and similarity edges.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use differential_dataflow::{AsCollection, VecCollection};
 use timely::dataflow::channels::pact::Exchange;
@@ -13,7 +13,7 @@ use timely::progress::Timestamp;
 use crate::embed::Embedder;
 use crate::hash::{fnv1a, space_hash};
 use crate::model::{Edge, Embedding, Node};
-use crate::similarity::{to_edges, SimilarityIndex, SimilarityParams};
+use crate::similarity::{to_edges, IndexState, SimilarityIndex, SimilarityParams};
 
 /// Embeds every node. Nodes are spread over the workers by id (embedding is the costly, embarrassingly parallel
 /// part of ingest), and each container of updates is embedded as one batch. For a bit-exact embedder retractions are
@@ -142,6 +142,55 @@ where
         .as_collection()
 }
 
+/// The similarity indexes of one operator on every worker of a process, where a checkpoint reads them and a restart
+/// hands them back. Each worker's indexes sit behind their own lock (its spaces are its own), taken by the operator
+/// for each batch and by [`IndexStore::states`] between epochs.
+#[derive(Default)]
+pub struct IndexStore {
+    workers: Mutex<Vec<Arc<Mutex<HashMap<String, SimilarityIndex>>>>>,
+    /// Space → the state a restart restores, taken by the operator with that space's first batch.
+    restored: Mutex<HashMap<String, IndexState>>,
+}
+
+impl std::fmt::Debug for IndexStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IndexStore").finish_non_exhaustive()
+    }
+}
+
+impl IndexStore {
+    fn register(&self) -> Arc<Mutex<HashMap<String, SimilarityIndex>>> {
+        let mine = Arc::new(Mutex::new(HashMap::new()));
+        self.workers.lock().expect("index store lock").push(mine.clone());
+        mine
+    }
+
+    /// Every space's index state, by space. Consistent at an epoch only when no operator is applying one: the
+    /// caller takes it between epochs (the views hold the last one fed, and nothing after it has been fed).
+    pub fn states(&self) -> Vec<(String, IndexState)> {
+        let mut out = Vec::new();
+        for w in self.workers.lock().expect("index store lock").iter() {
+            let indexes = w.lock().expect("index lock");
+            out.extend(indexes.iter().map(|(s, i)| (s.clone(), i.state())));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The states a restart restores: each space's index is rebuilt from its state with its first batch.
+    pub fn restore(&self, states: Vec<(String, IndexState)>) {
+        self.restored.lock().expect("index store lock").extend(states);
+    }
+
+    fn take_restored(&self, space: &str) -> Option<IndexState> {
+        let mut restored = self.restored.lock().expect("index store lock");
+        if restored.is_empty() {
+            return None;
+        }
+        restored.remove(space)
+    }
+}
+
 /// CAM's similarity edges, maintained per space by a [`SimilarityIndex`] on the worker that owns the space. The
 /// operator holds each epoch until its input frontier passes it, then applies the whole epoch at once, so the
 /// output at every time is the exact graph of the nodes at that time.
@@ -152,16 +201,52 @@ pub fn similarity_edges<'s, T>(
 where
     T: Timestamp + TotalOrder,
 {
-    let mut indexes: HashMap<String, SimilarityIndex> = HashMap::new();
+    similarity_edges_in(nodes, params, &Arc::default())
+}
+
+/// [`similarity_edges`] with its indexes kept in `store`. A space whose state `store` holds from a checkpoint is
+/// restored from it with its first batch (the checkpoint's nodes) and emits its edges as they were; a state that
+/// does not match the batch is dropped with a warning, and the index is built from the batch.
+pub fn similarity_edges_in<'s, T>(
+    nodes: VecCollection<'s, T, (String, Node, Embedding)>,
+    params: SimilarityParams,
+    store: &Arc<IndexStore>,
+) -> VecCollection<'s, T, Edge>
+where
+    T: Timestamp + TotalOrder,
+{
+    let store = store.clone();
+    let indexes = store.register();
     per_space_in_time_order(
         nodes,
         "SimilarityEdges",
         |(s, _, _)| s,
         move |space, rows| {
             let changes: Vec<(Node, Embedding, isize)> = rows.into_iter().map(|((_, n, e), d)| (n, e, d)).collect();
-            let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
-            let deltas = index.apply(changes);
-            if index.is_empty() {
+            let mut indexes = indexes.lock().expect("index lock");
+            let restored = match indexes.contains_key(space) {
+                true => None,
+                false => store.take_restored(space),
+            };
+            let deltas = match restored {
+                Some(state) => match SimilarityIndex::restore(params.clone(), &state, changes.clone()) {
+                    Ok(index) => {
+                        let deltas = index.all_edges();
+                        indexes.insert(space.to_string(), index);
+                        deltas
+                    }
+                    Err(e) => {
+                        tracing::warn!(space, error = %e, "the checkpoint's similarity index does not match its nodes; built from them");
+                        let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+                        index.apply(changes)
+                    }
+                },
+                None => {
+                    let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+                    index.apply(changes)
+                }
+            };
+            if indexes.get(space).is_some_and(SimilarityIndex::is_empty) {
                 indexes.remove(space);
             }
             to_edges(space, deltas).collect()

@@ -21,7 +21,7 @@ use differential_dataflow::VecCollection;
 use timely::order::TotalOrder;
 use timely::progress::Timestamp;
 
-use crate::dataflow::{embed_nodes, similarity_edges};
+use crate::dataflow::{embed_nodes, similarity_edges_in, IndexStore};
 use crate::embed::Embedder;
 use crate::events::{self, EventRow, RelationRow, SegmentParams};
 use crate::hierarchy::dataflow::{hierarchy, summaries};
@@ -47,6 +47,15 @@ pub struct MemoryParams {
     /// With a model, the pairs from this cosine up to the merge threshold go to the co-reference judge; `None`: no
     /// judge.
     pub judge_threshold: Option<f32>,
+    /// Where the similarity indexes live, for checkpoints and restarts.
+    pub indexes: Indexes,
+}
+
+/// The stores of the memory's two similarity indexes: layer 0's and the events' (for merges).
+#[derive(Clone, Debug, Default)]
+pub struct Indexes {
+    pub layer0: Arc<IndexStore>,
+    pub events: Arc<IndexStore>,
 }
 
 /// The memory's output collections, per space.
@@ -159,7 +168,7 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     let embedded = embed_nodes(nodes.clone(), embedder.clone());
-    let edges = similarity_edges(embedded.clone(), params.similarity.clone());
+    let edges = similarity_edges_in(embedded.clone(), params.similarity.clone(), &params.indexes.layer0);
     let em = events::event_memory(nodes, logged.clone(), params.segment.clone(), params.with_model);
     // Each event embedded as a pseudo-node (so batch-dependent embedders retract exactly) and quantised.
     let event_nodes = em.events.clone().map(|(s, e)| {
@@ -176,7 +185,7 @@ where
     let tau = params.merge_threshold;
     let tau_micro = micro(tau);
     let lo = params.judge_threshold.filter(|_| params.with_model).unwrap_or(tau);
-    let pairs = events::similar_pairs(event_vectors.clone(), lo, params.merge_neighbours, &params.similarity);
+    let pairs = events::similar_pairs(event_vectors.clone(), lo, params.merge_neighbours, &params.similarity, &params.indexes.events);
     let links = pairs.clone().filter(move |p| p.3 >= tau_micro).map(|(s, a, b, _)| (s, a, b));
     let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
     let coref = events::coreference(candidates, em.events.clone(), logged);

@@ -663,6 +663,118 @@ impl SimilarityIndex {
     }
 }
 
+/// A similarity index as a checkpoint holds it: what the nodes it was fed do not give again. The HNSW index's
+/// points in the order they went in (live or emptied), and every node's class and top-k list. Put in again in that
+/// order, the points make the same graph and leave hnsw_rs's level generator (seeded, drawn once per point) where
+/// it was, so a restored index goes on exactly as the one it was taken from would have: past `exhaustive-below`
+/// the lists depend on the order of the inserts, not only on the live nodes, and a rebuild from the nodes would
+/// keep other edges.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IndexState {
+    points: Vec<Embedding>,
+    /// By id: `(id, class, list)`, the list as `(node's place in this vector, score)`, best first.
+    nodes: Vec<(String, Option<u32>, Vec<(u32, f32)>)>,
+}
+
+impl IndexState {
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl SimilarityIndex {
+    /// The index's state, to restore it from with [`SimilarityIndex::restore`].
+    pub fn state(&self) -> IndexState {
+        let mut points: Vec<(usize, Embedding)> =
+            self.hnsw.get_point_indexation().into_iter().map(|p| (p.get_origin_id(), p.get_v()[0].clone())).collect();
+        points.sort_by_key(|(slot, _)| *slot);
+        debug_assert!(points.iter().enumerate().all(|(i, (slot, _))| i == *slot) && points.len() == self.classes.len());
+        let mut ids: Vec<&Arc<str>> = self.entries.keys().collect();
+        ids.sort();
+        let at: HashMap<&str, u32> = ids.iter().enumerate().map(|(i, id)| (&***id, i as u32)).collect();
+        let nodes = ids
+            .iter()
+            .map(|id| {
+                let list = self.topk.get(*id).map_or(&[][..], Vec::as_slice);
+                let list = list.iter().map(|s| (at[&*s.id], s.score)).collect();
+                (id.to_string(), self.entries[*id].class.map(|c| c as u32), list)
+            })
+            .collect();
+        IndexState { points: points.into_iter().map(|(_, e)| e).collect(), nodes }
+    }
+
+    /// The index `state` was taken from, given the nodes it held (`changes`: one batch that inserts exactly them, as
+    /// a restart feeds a checkpoint's records). An error says where the nodes and the state disagree (another log,
+    /// another embedder): the caller builds from the nodes instead.
+    pub fn restore(
+        params: SimilarityParams,
+        state: &IndexState,
+        changes: Vec<(Node, Embedding, isize)>,
+    ) -> Result<SimilarityIndex, String> {
+        let mut net: BTreeMap<(Node, Embedding), isize> = BTreeMap::new();
+        for (n, e, d) in changes {
+            *net.entry((n, e)).or_default() += d;
+        }
+        net.retain(|_, d| *d != 0);
+        if net.values().any(|d| *d != 1) {
+            return Err("the batch is not one insert per node".into());
+        }
+        if net.len() != state.nodes.len() {
+            return Err(format!("{} nodes fed for {} in the state", net.len(), state.nodes.len()));
+        }
+        let mut index = SimilarityIndex::new(params);
+        index.hnsw = Self::new_hnsw(&index.params, state.points.len());
+        for (slot, emb) in state.points.iter().enumerate() {
+            index.hnsw.insert_slice((std::slice::from_ref(emb), slot));
+            index.classes.push(Some(Class { emb: emb.clone(), members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
+        }
+        let place: HashMap<&str, usize> = state.nodes.iter().enumerate().map(|(i, n)| (n.0.as_str(), i)).collect();
+        let mut names: Vec<Option<Arc<str>>> = vec![None; state.nodes.len()];
+        for ((node, emb), _) in net {
+            let Some(&i) = place.get(node.id.as_str()) else {
+                return Err(format!("node {} is not in the state", node.id));
+            };
+            let class = state.nodes[i].1.map(|c| c as usize);
+            match class {
+                Some(c) if index.classes.get(c).is_some_and(|k| k.as_ref().is_some_and(|k| k.emb == emb)) => {}
+                None if emb.is_zero() => {}
+                _ => return Err(format!("node {}'s vector is not its class's", node.id)),
+            }
+            let id: Arc<str> = Arc::from(node.id.as_str());
+            if let Some(c) = class {
+                index.classes[c].as_mut().expect("made above").members.insert(id.clone());
+            }
+            index.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
+            index.entries.insert(id.clone(), Entry { node, class });
+            names[i] = Some(id);
+        }
+        let names: Vec<Arc<str>> = names.into_iter().map(|n| n.expect("every node placed")).collect();
+        for c in 0..index.classes.len() {
+            if index.classes[c].as_ref().is_some_and(|k| k.members.is_empty()) {
+                index.classes[c] = None;
+                index.tombstones += 1;
+            } else if let Some(k) = &index.classes[c] {
+                index.by_vector.entry(k.emb.content_hash()).or_default().push(c);
+            }
+        }
+        for (i, (_, _, list)) in state.nodes.iter().enumerate() {
+            let mut scored = Vec::with_capacity(list.len());
+            for &(j, score) in list {
+                let other = names.get(j as usize).ok_or("a list names a node out of range")?;
+                index.holders.entry(other.clone()).or_default().insert(names[i].clone());
+                scored.push(Scored { score, id: other.clone() });
+            }
+            index.relist(&names[i], |l| *l = scored);
+        }
+        Ok(index)
+    }
+
+    /// Every current edge as an insert: what a restored index emits for the nodes it was restored with.
+    pub fn all_edges(&self) -> Vec<EdgeDelta> {
+        self.edges().into_iter().map(|(u, v, w)| (u, v, w, 1)).collect()
+    }
+}
+
 /// The same graph by brute force over a set of nodes: the reference the model tests hold the index to.
 pub fn reference_edges(params: &SimilarityParams, nodes: &[(Node, Embedding)]) -> BTreeSet<(String, String, u32)> {
     let mut out = BTreeSet::new();

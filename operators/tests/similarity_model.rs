@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use differential_dataflow::input::Input;
 use engram_operators::dataflow::{embed_nodes, similarity_edges};
 use engram_operators::model::{Node, NodeKind, POSITION_SCALE};
-use engram_operators::similarity::reference_edges;
+use engram_operators::similarity::{reference_edges, IndexState};
 use engram_operators::{Edge, Embedder, Embedding, HashEmbedder, SimilarityIndex, SimilarityParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -307,4 +307,97 @@ fn incremental_equals_from_scratch() {
     let all: Batch = batches.concat();
     let scratch = run_dataflow(&[all], &p, 2);
     assert_eq!(incremental.last(), scratch.last());
+}
+
+/// The live nodes of `space` after `batches`, as one batch of inserts (what a restart feeds at a checkpoint's epoch).
+fn live_batch(batches: &[Batch], space: &str, emb: &HashEmbedder) -> Vec<(Node, Embedding, isize)> {
+    let mut live: BTreeMap<Node, isize> = BTreeMap::new();
+    for (_, n, d) in batches.iter().flatten().filter(|(s, _, _)| s == space) {
+        *live.entry(n.clone()).or_default() += d;
+    }
+    // In reverse order: the restore may not depend on the order of its batch.
+    live.into_iter().rev().filter(|(_, d)| *d != 0).map(|(n, d)| (n.clone(), emb.embed(&n.embedding_text()), d)).collect()
+}
+
+fn by_space(batch: &Batch, emb: &HashEmbedder) -> BTreeMap<String, Vec<(Node, Embedding, isize)>> {
+    let mut out: BTreeMap<String, Vec<(Node, Embedding, isize)>> = BTreeMap::new();
+    for (s, n, d) in batch {
+        out.entry(s.clone()).or_default().push((n.clone(), emb.embed(&n.embedding_text()), *d));
+    }
+    out
+}
+
+#[test]
+fn a_restored_index_goes_on_exactly_as_the_one_it_was_taken_from() {
+    // A deliberately coarse index (tiny HNSW lists, a reverse lookup cut at 2 classes), so that the lists depend on
+    // the order of the inserts: a rebuild from the live nodes keeps other edges, a restore must not.
+    let p = SimilarityParams {
+        exhaustive_below: 0,
+        max_connections: 2,
+        ef_construction: 2,
+        ef_search: 2,
+        max_reverse_classes: 2,
+        ..params(0)
+    };
+    let emb = HashEmbedder::default();
+    let mut rebuilds_differed = 0;
+    for seed in 0..8u64 {
+        let batches = workload_with(100 + seed, 24, 40, true);
+        let cut = StdRng::seed_from_u64(seed).gen_range(2..batches.len() - 2);
+        let mut run: BTreeMap<String, SimilarityIndex> = BTreeMap::new();
+        for batch in &batches[..cut] {
+            for (s, changes) in by_space(batch, &emb) {
+                run.entry(s).or_insert_with(|| SimilarityIndex::new(p.clone())).apply(changes);
+            }
+        }
+        run.retain(|_, i| !i.is_empty());
+        // The checkpoint: each space's state, through its serialised form.
+        let mut restored: BTreeMap<String, SimilarityIndex> = BTreeMap::new();
+        for (s, index) in &run {
+            let state: IndexState = serde_json::from_str(&serde_json::to_string(&index.state()).unwrap()).unwrap();
+            assert_eq!(state, index.state());
+            let nodes = live_batch(&batches[..cut], s, &emb);
+            let back = SimilarityIndex::restore(p.clone(), &state, nodes.clone()).unwrap();
+            let emitted: BTreeSet<(String, String, u32)> =
+                back.all_edges().into_iter().filter(|e| e.3 == 1).map(|(u, v, w, _)| (u, v, w)).collect();
+            assert_eq!(emitted, index.edges(), "seed {seed}: the restored edges at the cut");
+            let mut scratch = SimilarityIndex::new(p.clone());
+            scratch.apply(nodes);
+            rebuilds_differed += usize::from(scratch.edges() != index.edges());
+            restored.insert(s.clone(), back);
+        }
+        // After the cut: the same changes give the same deltas, batch by batch.
+        for (i, batch) in batches[cut..].iter().enumerate() {
+            for (s, changes) in by_space(batch, &emb) {
+                let a = run.entry(s.clone()).or_insert_with(|| SimilarityIndex::new(p.clone())).apply(changes.clone());
+                let b = restored.entry(s.clone()).or_insert_with(|| SimilarityIndex::new(p.clone())).apply(changes);
+                assert_eq!(a, b, "seed {seed}, batch {} after the cut, space {s}", i + 1);
+            }
+        }
+        for (s, index) in &run {
+            assert_eq!(index.edges(), restored[s].edges(), "seed {seed}: space {s} at the end");
+        }
+    }
+    assert!(rebuilds_differed > 0, "the coarse index never depended on its history: the test shows nothing");
+}
+
+#[test]
+fn a_state_that_does_not_match_its_nodes_is_refused() {
+    let p = SimilarityParams { exhaustive_below: 0, ..params(0) };
+    let emb = HashEmbedder::default();
+    let batches = workload_with(7, 6, 30, true);
+    let nodes = live_batch(&batches, "s0", &emb);
+    let mut index = SimilarityIndex::new(p.clone());
+    index.apply(nodes.clone());
+    let state = index.state();
+    assert!(SimilarityIndex::restore(p.clone(), &state, nodes.clone()).is_ok());
+    let missing = SimilarityIndex::restore(p.clone(), &state, nodes[1..].to_vec()).err().unwrap();
+    assert!(missing.contains("nodes fed"), "{missing}");
+    let mut other = nodes.clone();
+    other[0].1 = emb.embed("a text no node of the state has");
+    let differs = SimilarityIndex::restore(p.clone(), &state, other).err().unwrap();
+    assert!(differs.contains("not its class's"), "{differs}");
+    let mut retracted = nodes.clone();
+    retracted[0].2 = -1;
+    assert!(SimilarityIndex::restore(p, &state, retracted).is_err());
 }

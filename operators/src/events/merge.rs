@@ -37,6 +37,7 @@ pub fn similar_pairs<'s, T>(
     lo: f32,
     k: usize,
     index: &crate::similarity::SimilarityParams,
+    store: &std::sync::Arc<crate::dataflow::IndexStore>,
 ) -> differential_dataflow::VecCollection<'s, T, (String, String, String, i64)>
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
@@ -53,7 +54,7 @@ where
         };
         (s, node, event_embedding(&v))
     });
-    crate::dataflow::similarity_edges(nodes, pair_params(lo, k, index))
+    crate::dataflow::similarity_edges_in(nodes, pair_params(lo, k, index), store)
         .map(|e| (e.space, e.u, e.v, i64::from(e.weight_micro)))
 }
 
@@ -70,7 +71,7 @@ pub fn event_merges<'s, T>(
 where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
-    let links = similar_pairs(vectors.clone(), tau, k, index).map(|(s, a, b, _)| (s, a, b));
+    let links = similar_pairs(vectors.clone(), tau, k, index, &Default::default()).map(|(s, a, b, _)| (s, a, b));
     merge_groups(vectors, links)
 }
 

@@ -19,13 +19,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use operators::model::ErrorRow;
+use operators::memory::Indexes;
+use operators::similarity::IndexState;
 use operators::Embedding;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::views::{ViewUpdate, Views};
 
-const MAGIC: &[u8] = b"engram checkpoint 3\n";
+const MAGIC: &[u8] = b"engram checkpoint 4\n";
 
 /// The views at an epoch, and what the dataflow had been fed by then.
 #[derive(Serialize, Deserialize)]
@@ -44,11 +46,39 @@ pub(super) struct Checkpoint {
     pub errors: Vec<String>,
     pub updates: Vec<ViewUpdate>,
     pub vectors: Vec<(String, Embedding)>,
+    /// The similarity indexes at `epoch`, when they were taken with the views (nothing fed after `epoch` yet).
+    pub indexes: Option<IndexStates>,
+}
+
+/// The memory's similarity indexes at a checkpoint's epoch, by space: layer 0's and the events'.
+#[derive(Serialize, Deserialize)]
+pub(super) struct IndexStates {
+    pub layer0: Vec<(String, IndexState)>,
+    pub events: Vec<(String, IndexState)>,
+}
+
+impl IndexStates {
+    /// The indexes' states now.
+    pub fn of(indexes: &Indexes) -> IndexStates {
+        IndexStates { layer0: indexes.layer0.states(), events: indexes.events.states() }
+    }
+
+    /// Hands the states to the indexes, each restored with its space's first batch.
+    pub fn restore(self, indexes: &Indexes) {
+        indexes.layer0.restore(self.layer0);
+        indexes.events.restore(self.events);
+    }
 }
 
 impl Checkpoint {
-    /// The views' checkpoint at their `as_of`, with `(replies, records)` fed by then.
-    pub fn of(views: &Views, config: &Config, (replies, records): (u64, u64)) -> Option<Checkpoint> {
+    /// The views' checkpoint at their `as_of`, with `(replies, records)` fed by then and the similarity indexes'
+    /// states when they are at that epoch too.
+    pub fn of(
+        views: &Views,
+        config: &Config,
+        (replies, records): (u64, u64),
+        indexes: Option<IndexStates>,
+    ) -> Option<Checkpoint> {
         let epoch = views.as_of?;
         let (updates, vectors) = views.snapshot();
         Some(Checkpoint {
@@ -61,6 +91,7 @@ impl Checkpoint {
             errors: views.recent_errors.iter().filter_map(|e| serde_json::to_string(e).ok()).collect(),
             updates,
             vectors,
+            indexes,
         })
     }
 
@@ -168,7 +199,7 @@ impl super::state::Shared {
         }
         let checkpoint = {
             let views = self.views();
-            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a)))
+            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
         };
         let shared = self.clone();
         std::thread::spawn(move || {
@@ -178,6 +209,12 @@ impl super::state::Shared {
             *shared.last_checkpoint.lock().expect("checkpoint lock") = std::time::Instant::now();
             shared.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
         });
+    }
+
+    /// The similarity indexes' states, when they are at the views' epoch: called with the views held, it takes them
+    /// only if every epoch fed is in the views (with more than one epoch in flight the dataflow may be past them).
+    fn index_states(&self) -> Option<IndexStates> {
+        (self.in_flight() == 0).then(|| IndexStates::of(&self.indexes))
     }
 
     /// Writes the last checkpoint, at a clean stop (after any in the background).
@@ -190,7 +227,7 @@ impl super::state::Shared {
         }
         let checkpoint = {
             let views = self.views();
-            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a)))
+            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
         };
         if let Some(c) = checkpoint {
             self.write_checkpoint(&c);
@@ -256,7 +293,7 @@ mod tests {
             (ViewUpdate::Node("s".into(), second, sparse.clone()), 1),
         ]);
         views.as_of = Some(4);
-        Checkpoint::of(&views, &c, (2, 1)).unwrap().write(&path).unwrap();
+        Checkpoint::of(&views, &c, (2, 1), None).unwrap().write(&path).unwrap();
         let back = Checkpoint::read(&path, &c).unwrap().unwrap();
         assert_eq!((back.epoch, back.replies, back.records, back.updates.len()), (4, 2, 1, 2));
         let mut restored = Views::default();

@@ -283,7 +283,7 @@ impl Shared {
     }
 
     /// Epochs fed to the dataflow and not yet reflected.
-    fn in_flight(&self) -> usize {
+    pub(super) fn in_flight(&self) -> usize {
         self.closed.lock().expect("closed lock").len()
     }
 

@@ -60,7 +60,7 @@ impl Inputs {
 /// Builds the dataflow on one worker: the memory's fresh part ([`operators::memory::fresh`]) over the nodes and
 /// logged replies, and everything it outputs → the views (on worker 0).
 pub(super) fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs {
-    let params = memory_params(&shared.config);
+    let params = MemoryParams { indexes: shared.indexes.clone(), ..memory_params(&shared.config) };
     let index = worker.index();
     worker.dataflow::<u64, _, _>(|scope| {
         let (node_input, nodes) = scope.new_collection::<(String, Node), isize>();
@@ -109,6 +109,7 @@ pub fn memory_params(config: &Config) -> MemoryParams {
         merge_threshold: ev.merge_threshold,
         merge_neighbours: ev.merge_neighbours,
         judge_threshold: ev.judge.then_some(ev.judge_threshold),
+        indexes: Default::default(),
     }
 }
 

@@ -103,6 +103,8 @@ pub struct Shared {
     /// `(space, key) → reply` of a response log written before today's content keys: found for a request by its
     /// [`ModelRequest::legacy_key`] when it comes round, and logged again under its key.
     legacy: HashMap<(String, String), String>,
+    /// The memory's similarity indexes, where checkpoints read them and a restart restores them.
+    pub(super) indexes: operators::memory::Indexes,
     /// What a restart from a checkpoint feeds at the checkpoint's epoch (taken by the driver before anything else).
     pub(super) prefix: Mutex<Option<(u64, Vec<Item>)>>,
     /// The checkpoint's epoch, when the views started from one: the views sink sets the updates up to it aside, and
@@ -210,6 +212,10 @@ impl Shared {
                 records = kept;
             }
         }
+        let indexes = operators::memory::Indexes::default();
+        if let Some(states) = checkpoint.as_mut().and_then(|c| c.indexes.take()) {
+            states.restore(&indexes);
+        }
         let input_log = InputLog::open(&log_path)?;
         let mut open_epoch = max_epoch.unwrap_or(0);
         let mut items = Vec::new();
@@ -265,6 +271,7 @@ impl Shared {
             resume,
             views: RwLock::new(views),
             prefix: Mutex::new(prefix),
+            indexes,
             restored_through,
             fed: Mutex::new(((0, 0), BTreeMap::new())),
             checkpointing: AtomicBool::new(false),
