@@ -237,12 +237,14 @@ where
                     }
                     Err(e) => {
                         tracing::warn!(space, error = %e, "the checkpoint's similarity index does not match its nodes; built from them");
-                        let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+                        let index =
+                            indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
                         index.apply(changes)
                     }
                 },
                 None => {
-                    let index = indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
+                    let index =
+                        indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
                     index.apply(changes)
                 }
             };

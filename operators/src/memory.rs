@@ -185,7 +185,13 @@ where
     let tau = params.merge_threshold;
     let tau_micro = micro(tau);
     let lo = params.judge_threshold.filter(|_| params.with_model).unwrap_or(tau);
-    let pairs = events::similar_pairs(event_vectors.clone(), lo, params.merge_neighbours, &params.similarity, &params.indexes.events);
+    let pairs = events::similar_pairs(
+        event_vectors.clone(),
+        lo,
+        params.merge_neighbours,
+        &params.similarity,
+        &params.indexes.events,
+    );
     let links = pairs.clone().filter(move |p| p.3 >= tau_micro).map(|(s, a, b, _)| (s, a, b));
     let candidates = pairs.filter(move |p| p.3 < tau_micro).map(|(s, a, b, _)| (s, a, b));
     let coref = events::coreference(candidates, em.events.clone(), logged);

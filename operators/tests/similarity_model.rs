@@ -316,7 +316,11 @@ fn live_batch(batches: &[Batch], space: &str, emb: &HashEmbedder) -> Vec<(Node, 
         *live.entry(n.clone()).or_default() += d;
     }
     // In reverse order: the restore may not depend on the order of its batch.
-    live.into_iter().rev().filter(|(_, d)| *d != 0).map(|(n, d)| (n.clone(), emb.embed(&n.embedding_text()), d)).collect()
+    live.into_iter()
+        .rev()
+        .filter(|(_, d)| *d != 0)
+        .map(|(n, d)| (n.clone(), emb.embed(&n.embedding_text()), d))
+        .collect()
 }
 
 fn by_space(batch: &Batch, emb: &HashEmbedder) -> BTreeMap<String, Vec<(Node, Embedding, isize)>> {

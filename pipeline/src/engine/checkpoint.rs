@@ -18,8 +18,8 @@ use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use operators::model::ErrorRow;
 use operators::memory::Indexes;
+use operators::model::ErrorRow;
 use operators::similarity::IndexState;
 use operators::Embedding;
 use serde::{Deserialize, Serialize};
@@ -190,8 +190,10 @@ impl super::state::Shared {
 
     /// Called by the views sink once the views hold `as_of`: writes a checkpoint in the background when one is due.
     pub(super) fn checkpoint_if_due(self: &std::sync::Arc<Self>, as_of: u64) {
+        // Only between epochs: with every epoch fed in the views, the similarity indexes are at the views' epoch.
         if !self.checkpoints_on()
             || self.restored_through.is_some_and(|e| as_of <= e)
+            || self.in_flight() > 0
             || self.last_checkpoint.lock().expect("checkpoint lock").elapsed() < self.config.checkpoint.interval
             || self.checkpointing.swap(true, std::sync::atomic::Ordering::SeqCst)
         {
@@ -212,7 +214,8 @@ impl super::state::Shared {
     }
 
     /// The similarity indexes' states, when they are at the views' epoch: called with the views held, it takes them
-    /// only if every epoch fed is in the views (with more than one epoch in flight the dataflow may be past them).
+    /// only if every epoch fed is in the views (with an epoch in flight the dataflow may be past them; at a clean
+    /// stop none is).
     fn index_states(&self) -> Option<IndexStates> {
         (self.in_flight() == 0).then(|| IndexStates::of(&self.indexes))
     }

@@ -34,9 +34,10 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     let mut as_of: Option<u64> = None;
     // The model's replies go to the structure too (on the leading process).
     let structure = shared.structure_sender();
-    // A restart from a checkpoint: what the checkpoint holds, at its epoch, before anything else.
-    let prefix = shared.prefix.lock().expect("prefix lock").take();
-    if let Some((epoch, items)) = prefix {
+    // A restart from a checkpoint: what the checkpoint holds, at its epoch, and the log after it at its epochs,
+    // before anything else.
+    let prefix = std::mem::take(&mut *shared.prefix.lock().expect("prefix lock"));
+    for (epoch, items) in prefix {
         inputs.advance_to(epoch);
         let (replies, records) = counts(&items);
         feed(&mut inputs, &mut ingestor, &mut fed, items, structure.as_ref());
@@ -44,6 +45,8 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
         shared.closed_epoch(epoch);
     }
     inputs.advance_to(shared.open_epoch());
+    // The epochs fed so far are closed: the dataflow takes them now, not with the first epoch the queue closes.
+    inputs.flush();
     loop {
         let clock = if cluster { shared.clock() } else { 0 };
         if clock == CLOCK_STOP && !shared.stopping() {

@@ -105,8 +105,10 @@ pub struct Shared {
     legacy: HashMap<(String, String), String>,
     /// The memory's similarity indexes, where checkpoints read them and a restart restores them.
     pub(super) indexes: operators::memory::Indexes,
-    /// What a restart from a checkpoint feeds at the checkpoint's epoch (taken by the driver before anything else).
-    pub(super) prefix: Mutex<Option<(u64, Vec<Item>)>>,
+    /// What a restart from a checkpoint feeds before anything else (taken by the driver): the checkpoint's records
+    /// and replies at its epoch, then the log's later records, each at the epoch it was logged at — the epochs the run
+    /// before fed them in, so the similarity indexes the checkpoint restores take them as they did.
+    pub(super) prefix: Mutex<Vec<(u64, Vec<Item>)>>,
     /// The checkpoint's epoch, when the views started from one: the views sink sets the updates up to it aside, and
     /// corrects the views to them once the rebuild has passed it.
     pub(super) restored_through: Option<u64>,
@@ -222,18 +224,21 @@ impl Shared {
         let (prefix, restored_through) = match checkpoint {
             Some(c) => {
                 // The epochs the checkpoint holds are fed at its epoch, their updates set aside by the views sink; the
-                // rest after it. Positions go after it too: they reach only the views, which take the latest.
+                // later ones at their own. Positions go after them: they reach only the views, which take the latest.
                 let (e, n) = (c.epoch, c.replies as usize);
-                let mut prefix = Vec::new();
+                let mut prefix = vec![(e, Vec::new())];
                 for (epoch, item) in records {
                     if epoch <= e {
-                        prefix.push(item);
-                    } else {
-                        items.push(item);
+                        prefix[0].1.push(item);
+                        continue;
+                    }
+                    match prefix.last_mut() {
+                        Some((at, items)) if *at == epoch => items.push(item),
+                        _ => prefix.push((epoch, vec![item])),
                     }
                 }
                 let later = replies.split_off(n);
-                prefix.extend(replies);
+                prefix[0].1.extend(replies);
                 items.extend(later);
                 let t = Instant::now();
                 c.restore(&mut views);
@@ -241,13 +246,13 @@ impl Shared {
                     "serving the checkpoint; the dataflow rebuilds behind it");
                 metrics.checkpoint_restored.set(e as i64);
                 metrics.checkpoint_rebuilding.set(1);
-                open_epoch = open_epoch.max(e + 1);
-                (Some((e, prefix)), Some(e))
+                open_epoch = open_epoch.max(prefix.last().map_or(e, |p| p.0) + 1);
+                (prefix, Some(e))
             }
             None => {
                 items.extend(records.into_iter().map(|(_, item)| item));
                 items.extend(replies);
-                (None, None)
+                (Vec::new(), None)
             }
         };
         items.extend(resume.iter().map(|(src, off)| Item::Position(src.clone(), *off)));

@@ -298,13 +298,14 @@ async fn layer0_graph(api: &str, receipt: u64) -> Vec<(String, Value)> {
     unreachable!()
 }
 
-/// A space past `similarity.exhaustive-below`, with a coarse index, whose edges depend on the order of its inserts: the
-/// run before a restart built them in many epochs, the restart's rebuild in one. Once the rebuild has passed the
-/// checkpoint, the views take its state (`engram_checkpoint_rebuild_differences` counts what differed), so that the
-/// records after it apply to the state they were computed from: the restarted memory then equals a from-scratch
-/// build of the same log fed the same records after it.
+/// A space past `similarity.exhaustive-below`, with a coarse index whose edges depend on the order of its inserts:
+/// a rebuild of the same records in one epoch keeps other edges than the run that fed them in twelve. A checkpoint
+/// holds the similarity indexes with the views, and a restart feeds the log after it at the epochs it was logged at,
+/// so a restart after a clean stop, or after a kill -9 behind a background checkpoint, goes on from the index the run
+/// had: fed the same records after it, it ends with the uninterrupted run's memory, and the rebuild behind the
+/// checkpoint differs from it in nothing (`engram_checkpoint_rebuild_differences`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_takes_the_rebuilt_state_where_an_approximate_index_differs() {
+async fn a_restart_goes_on_from_the_checkpointed_index_where_a_rebuild_would_differ() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
     let words = ["harbour", "storm", "council", "wall", "ferry", "strike", "budget", "tide", "pier", "clinic", "vote"];
     let mut record = |doc: usize, seq: usize| {
@@ -323,7 +324,7 @@ async fn a_restart_takes_the_rebuilt_state_where_an_approximate_index_differs() 
     );
     let env = [
         ("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms"),
-        ("ENGRAM__CHECKPOINT__INTERVAL", "1h"),
+        ("ENGRAM__CHECKPOINT__INTERVAL", "1s"),
         ("ENGRAM__SIMILARITY__EXHAUSTIVE_BELOW", "0"),
         ("ENGRAM__SIMILARITY__MAX_CONNECTIONS", "2"),
         ("ENGRAM__SIMILARITY__EF_CONSTRUCTION", "2"),
@@ -339,36 +340,61 @@ async fn a_restart_takes_the_rebuilt_state_where_an_approximate_index_differs() 
         }
         last
     }
+    let expected = 12 * 30 + 4 * 20 - 30;
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut engine = Engine::start(dir.path(), &[], &env);
-    let last = feed(&engine, &before).await;
-    assert_eq!(layer0_graph(&engine.api, last).await.len(), 12 * 30);
-    assert_eq!(engine.terminate(), Some(0));
-    // The from-scratch build: the same log, no checkpoint, its records replayed in one epoch.
-    let scratch = tempfile::tempdir().unwrap();
-    std::fs::copy(dir.path().join("input.log"), scratch.path().join("input.log")).unwrap();
-
-    let mut engine = Engine::start(dir.path(), &[], &env);
-    assert!(restored_epoch(&engine).await >= 0, "the restart serves its checkpoint");
+    let run = tempfile::tempdir().unwrap();
+    let mut engine = Engine::start(run.path(), &[], &env);
+    feed(&engine, &before).await;
     let last = feed(&engine, &after).await;
-    let restarted = layer0_graph(&engine.api, last).await;
-    let differences: i64 = metric(&engine, "engram_checkpoint_rebuild_differences").await;
+    let uninterrupted = layer0_graph(&engine.api, last).await;
     assert_eq!(engine.terminate(), Some(0));
+    assert_eq!(uninterrupted.len(), expected);
 
+    // A clean stop after `before` (its final checkpoint holds everything), and a kill -9 behind a background
+    // checkpoint taken at the ninth batch, with three logged epochs after it.
+    let scratch = tempfile::tempdir().unwrap();
+    for kill in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut engine = Engine::start(dir.path(), &[], &env);
+        if kill {
+            feed(&engine, &before[..8]).await;
+            // Past the checkpoint interval, the ninth batch's epoch is checkpointed when the views reach it.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            let ninth = feed(&engine, &before[8..9]).await;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while metric::<i64>(&engine, "engram_checkpoint_epoch").await < ninth as i64 {
+                assert!(Instant::now() < deadline, "no checkpoint at the ninth batch");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            feed(&engine, &before[9..]).await;
+            engine.kill9();
+        } else {
+            feed(&engine, &before).await;
+            assert_eq!(engine.terminate(), Some(0));
+            std::fs::copy(dir.path().join("input.log"), scratch.path().join("input.log")).unwrap();
+        }
+        let mut engine = Engine::start(dir.path(), &[], &env);
+        assert!(restored_epoch(&engine).await >= 0, "the restart serves its checkpoint");
+        let last = feed(&engine, &after).await;
+        let restarted = layer0_graph(&engine.api, last).await;
+        let differences: i64 = metric(&engine, "engram_checkpoint_rebuild_differences").await;
+        assert_eq!(engine.terminate(), Some(0));
+        let how = if kill { "a kill -9" } else { "a clean stop" };
+        assert_eq!(differences, 0, "after {how}, the rebuild behind the checkpoint differs from it");
+        assert_eq!(restarted, uninterrupted, "after {how}, the restarted memory equals the uninterrupted run");
+    }
+
+    // The from-scratch build of the same log, no checkpoint, its records replayed in one epoch: other edges.
     let mut engine = Engine::start(scratch.path(), &[], &env);
     assert_eq!(restored_epoch(&engine).await, -1);
-    // The replayed log goes in as one epoch before anything is sent, as the restart's checkpoint did.
     let deadline = Instant::now() + Duration::from_secs(60);
     while get(&format!("{}/v1/spaces", engine.api)).await.1["spaces"][0]["nodes"] != 12 * 30 {
         assert!(Instant::now() < deadline, "the log was never replayed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let last_scratch = feed(&engine, &after).await;
-    let from_scratch = layer0_graph(&engine.api, last_scratch).await;
+    let last = feed(&engine, &after).await;
+    let from_scratch = layer0_graph(&engine.api, last).await;
     assert_eq!(engine.terminate(), Some(0));
-
-    assert!(differences > 0, "this index rebuilt in one epoch keeps other edges than in twelve");
-    assert_eq!(restarted.len(), 12 * 30 + 4 * 20 - 30);
-    assert_eq!(restarted, from_scratch, "the restarted memory equals the from-scratch build fed the same records");
+    assert_eq!(from_scratch.len(), expected);
+    assert_ne!(from_scratch, uninterrupted, "this index rebuilt in one epoch keeps other edges than in twelve");
 }
