@@ -292,13 +292,21 @@ mod tests {
         assert!(sparse.is_sparse());
         let second = operators::Node { id: "d#1".into(), pos: 1000, ..node.clone() };
         views.apply(vec![
-            (ViewUpdate::Node("s".into(), node, Embedding::new(vec![1.0, 0.0])), 1),
-            (ViewUpdate::Node("s".into(), second, sparse.clone()), 1),
+            (ViewUpdate::Node("s".into(), node.clone(), Embedding::new(vec![1.0, 0.0])), 1),
+            (ViewUpdate::Node("s".into(), second.clone(), sparse.clone()), 1),
         ]);
         views.as_of = Some(4);
-        Checkpoint::of(&views, &c, (2, 1), None).unwrap().write(&path).unwrap();
-        let back = Checkpoint::read(&path, &c).unwrap().unwrap();
+        // The similarity index of those two nodes travels with the views and restores with them.
+        let mut index =
+            operators::SimilarityIndex::new(operators::SimilarityParams { theta: 0.0, ..Default::default() });
+        index.apply(vec![(node.clone(), Embedding::new(vec![1.0, 0.0]), 1), (second.clone(), sparse.clone(), 1)]);
+        let states = IndexStates { layer0: vec![("s".into(), index.state())], events: Vec::new() };
+        Checkpoint::of(&views, &c, (2, 1), Some(states)).unwrap().write(&path).unwrap();
+        let mut back = Checkpoint::read(&path, &c).unwrap().unwrap();
         assert_eq!((back.epoch, back.replies, back.records, back.updates.len()), (4, 2, 1, 2));
+        let states = back.indexes.take().expect("the indexes read back");
+        assert_eq!((states.layer0.len(), &states.layer0[0].0), (1, &"s".to_string()));
+        assert_eq!(states.layer0[0].1, index.state());
         let mut restored = Views::default();
         back.restore(&mut restored);
         assert_eq!((restored.as_of, restored.node_count()), (Some(4), 2));
