@@ -165,10 +165,11 @@ impl super::state::Shared {
         self.data_dir().join("checkpoint.bin")
     }
 
-    /// Whether this engine writes checkpoints: configured, one process, and every reply it is fed is in its own
-    /// response log (replies read from the response topic are not, so counting them would misplace the cut).
+    /// Whether this engine writes checkpoints: configured, process 0 (which holds the views), and every reply it is
+    /// fed is in its own response log (replies read from the response topic are not, so counting them would misplace
+    /// the cut).
     fn checkpoints_on(&self) -> bool {
-        !self.config.checkpoint.interval.is_zero() && self.place.processes <= 1 && self.checkpoints_allowed
+        !self.config.checkpoint.interval.is_zero() && self.place.leads() && self.checkpoints_allowed
     }
 
     /// The driver fed `epoch` with `replies` of the model's replies and `records` records among its items.
@@ -199,14 +200,16 @@ impl super::state::Shared {
         {
             return;
         }
+        let t = std::time::Instant::now();
         let checkpoint = {
             let views = self.views();
             views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
         };
+        let taken = t.elapsed();
         let shared = self.clone();
         std::thread::spawn(move || {
             if let Some(c) = checkpoint {
-                shared.write_checkpoint(&c);
+                shared.write_checkpoint(&c, taken);
             }
             *shared.last_checkpoint.lock().expect("checkpoint lock") = std::time::Instant::now();
             shared.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -228,24 +231,26 @@ impl super::state::Shared {
         while self.checkpointing.swap(true, std::sync::atomic::Ordering::SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        let t = std::time::Instant::now();
         let checkpoint = {
             let views = self.views();
             views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
         };
         if let Some(c) = checkpoint {
-            self.write_checkpoint(&c);
+            self.write_checkpoint(&c, t.elapsed());
         }
         self.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
-    fn write_checkpoint(&self, c: &Checkpoint) {
+    /// Writes `c`, which took `taken` to take (on the views sink's thread, for a checkpoint in the background).
+    fn write_checkpoint(&self, c: &Checkpoint, taken: std::time::Duration) {
         let t = std::time::Instant::now();
         match c.write(&self.checkpoint_path()) {
             Ok(bytes) => {
                 self.metrics.checkpoint_epoch.set(c.epoch as i64);
                 self.metrics.checkpoint_bytes.set(bytes as i64);
                 self.metrics.checkpoint_seconds.observe(t.elapsed().as_secs_f64());
-                tracing::info!(epoch = c.epoch, bytes, took = ?t.elapsed(), "checkpoint written");
+                tracing::info!(epoch = c.epoch, bytes, ?taken, took = ?t.elapsed(), indexes = c.indexes.is_some(), "checkpoint written");
             }
             Err(e) => {
                 self.metrics.checkpoint_failures.inc();

@@ -37,12 +37,17 @@ pub(super) fn run_worker(worker: &mut Worker, shared: Arc<Shared>) {
     // A restart from a checkpoint: what the checkpoint holds, at its epoch, and the log after it at its epochs,
     // before anything else.
     let prefix = std::mem::take(&mut *shared.prefix.lock().expect("prefix lock"));
+    let restarted = !prefix.is_empty();
     for (epoch, items) in prefix {
         inputs.advance_to(epoch);
         let (replies, records) = counts(&items);
         feed(&mut inputs, &mut ingestor, &mut fed, items, structure.as_ref());
         shared.fed(epoch, replies, records);
         shared.closed_epoch(epoch);
+    }
+    if cluster && restarted {
+        // The other drivers move up to the epoch after them.
+        inputs.clock.send(shared.open_epoch());
     }
     inputs.advance_to(shared.open_epoch());
     // The epochs fed so far are closed: the dataflow takes them now, not with the first epoch the queue closes.

@@ -204,12 +204,15 @@ impl Shared {
         }
         let ann = crate::ann::AnnParams { build_aside: true, ..config.query.ann() };
         let mut views = Views { ann, ..Views::default() };
-        let mut checkpoint = if from_topic_used || !place.leads() || place.processes > 1 {
+        // In a cluster only process 0 checkpoints (the views are its); the others replay their logs behind it.
+        let mut checkpoint = if from_topic_used || !place.leads() {
             None
         } else {
             load_checkpoint(&dir, &config, &records, replies.len())
         };
-        if let Some(c) = &mut checkpoint {
+        // Compaction only in one process: a delete in process 0's log may delete what another process's log holds,
+        // and that log does not know it.
+        if let Some(c) = checkpoint.as_mut().filter(|_| place.processes == 1) {
             if let Some(kept) = compact_behind(&dir, &replay.records, c, &config, &metrics) {
                 records = kept;
             }

@@ -128,3 +128,53 @@ async fn losing_the_leader_fails_the_follower_loudly() {
     };
     assert_ne!(code, Some(0), "a follower that lost its leader exits non-zero: {code:?}");
 }
+
+/// A cluster restarts from process 0's checkpoint: after a clean stop of both processes, the restarted process 0
+/// serves the checkpoint at once while both rebuild behind it, and ends with the memory of the run before.
+#[tokio::test]
+async fn a_restarted_cluster_serves_process_0s_checkpoint() {
+    let inputs = ["--input", &example("news.jsonl"), "--input", &example("standup.jsonl")];
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    let start = || {
+        std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+        let hosts = hosts.to_str().unwrap();
+        let follower = engram()
+            .args(["run", "-n", "2", "-p", "1", "-w", "2", "-h", hosts, "--data-dir"])
+            .arg(dir.path().join("p1"))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut args = vec!["-n", "2", "-p", "0", "-w", "2", "-h", hosts];
+        args.extend(inputs);
+        (follower, Engine::start(&dir.path().join("p0"), &args, &[]))
+    };
+    let (mut follower, mut leader) = start();
+    let want = memory(&leader).await;
+    assert_eq!(leader.terminate(), Some(0));
+    assert!(follower.wait().unwrap().success());
+    assert!(dir.path().join("p0/checkpoint.bin").exists(), "process 0 checkpoints at its clean stop");
+
+    let (mut follower, mut leader) = start();
+    let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    let restored: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("engram_checkpoint_restored_epoch ").and_then(|v| v.parse().ok()))
+        .unwrap();
+    assert!(restored >= 0, "the restarted cluster serves process 0's checkpoint");
+    // Compared once the dataflow has rebuilt behind the checkpoint and the views have taken its state.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
+        let text = text.text().await.unwrap();
+        if text.lines().any(|l| l == "engram_checkpoint_rebuilding 0") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cluster never rebuilt behind its checkpoint");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(memory(&leader).await, want, "and ends with the memory of the run before");
+    assert_eq!(leader.terminate(), Some(0));
+    assert!(follower.wait().unwrap().success());
+}
