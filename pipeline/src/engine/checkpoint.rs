@@ -218,9 +218,10 @@ impl super::state::Shared {
 
     /// The similarity indexes' states, when they are at the views' epoch: called with the views held, it takes them
     /// only if every epoch fed is in the views (with an epoch in flight the dataflow may be past them; at a clean
-    /// stop none is).
+    /// stop none is), and only in one process (in a cluster another driver may have moved the frontier past the
+    /// views' epoch: process 0's epochs in flight do not say).
     fn index_states(&self) -> Option<IndexStates> {
-        (self.in_flight() == 0).then(|| IndexStates::of(&self.indexes))
+        (self.place.processes == 1 && self.in_flight() == 0).then(|| IndexStates::of(&self.indexes))
     }
 
     /// Writes the last checkpoint, at a clean stop (after any in the background).
