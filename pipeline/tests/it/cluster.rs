@@ -2,9 +2,8 @@
 //! memory as one process with one worker.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 
-use crate::common::{engram, get, Engine};
+use crate::common::{follower, get, rebuilt_behind_checkpoint, Engine};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -53,18 +52,7 @@ async fn two_processes_equal_one() {
     drop(single);
     assert!(want.values().map(|n| n.as_array().unwrap().len()).sum::<usize>() > 100, "the examples make a graph");
 
-    let hosts = dir.path().join("hosts");
-    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
-    let hosts = hosts.to_str().unwrap();
-    let mut follower = engram()
-        .args(["run", "-n", "2", "-p", "1", "-w", "2", "-h", hosts, "--data-dir"])
-        .arg(dir.path().join("p1"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut args = vec!["-n", "2", "-p", "0", "-w", "2", "-h", hosts];
-    args.extend(inputs);
-    let mut leader = Engine::start(&dir.path().join("p0"), &args, &[]);
+    let (mut follower, mut leader) = cluster(dir.path(), &inputs);
     let got = memory(&leader).await;
     assert_eq!(got, want);
     assert_eq!(leader.terminate(), Some(0));
@@ -78,14 +66,20 @@ fn two_processes(dir: &std::path::Path) -> (std::process::Child, Engine) {
     let hosts = dir.join("hosts");
     std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
     let hosts = hosts.to_str().unwrap();
-    let follower = engram()
-        .args(["run", "-n", "2", "-p", "1", "-h", hosts, "--data-dir"])
-        .arg(dir.join("p1"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let follower = follower(hosts, &dir.join("p1"), &[], &[]);
     let leader = Engine::start(&dir.join("p0"), &["-n", "2", "-p", "0", "-h", hosts], &[]);
     (follower, leader)
+}
+
+/// A two-process cluster of two workers each in `dir` (new ports each time), process 0 given `args`.
+fn cluster(dir: &std::path::Path, args: &[&str]) -> (std::process::Child, Engine) {
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
+    let hosts = hosts.to_str().unwrap();
+    let follower = follower(hosts, &dir.join("p1"), &["-w", "2"], &[]);
+    let mut leader_args = vec!["-n", "2", "-p", "0", "-w", "2", "-h", hosts];
+    leader_args.extend(args);
+    (follower, Engine::start(&dir.join("p0"), &leader_args, &[]))
 }
 
 /// A cluster that loses a process fails loudly: process 0's worker dies with the lost peer, the engine is marked
@@ -135,45 +129,14 @@ async fn losing_the_leader_fails_the_follower_loudly() {
 async fn a_restarted_cluster_serves_process_0s_checkpoint() {
     let inputs = ["--input", &example("news.jsonl"), "--input", &example("standup.jsonl")];
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts");
-    let start = || {
-        std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", free_port(), free_port())).unwrap();
-        let hosts = hosts.to_str().unwrap();
-        let follower = engram()
-            .args(["run", "-n", "2", "-p", "1", "-w", "2", "-h", hosts, "--data-dir"])
-            .arg(dir.path().join("p1"))
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut args = vec!["-n", "2", "-p", "0", "-w", "2", "-h", hosts];
-        args.extend(inputs);
-        (follower, Engine::start(&dir.path().join("p0"), &args, &[]))
-    };
-    let (mut follower, mut leader) = start();
+    let (mut follower, mut leader) = cluster(dir.path(), &inputs);
     let want = memory(&leader).await;
     assert_eq!(leader.terminate(), Some(0));
     assert!(follower.wait().unwrap().success());
     assert!(dir.path().join("p0/checkpoint.bin").exists(), "process 0 checkpoints at its clean stop");
 
-    let (mut follower, mut leader) = start();
-    let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
-    let text = text.text().await.unwrap();
-    let restored: i64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("engram_checkpoint_restored_epoch ").and_then(|v| v.parse().ok()))
-        .unwrap();
-    assert!(restored >= 0, "the restarted cluster serves process 0's checkpoint");
-    // Compared once the dataflow has rebuilt behind the checkpoint and the views have taken its state.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
-        let text = text.text().await.unwrap();
-        if text.lines().any(|l| l == "engram_checkpoint_rebuilding 0") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the cluster never rebuilt behind its checkpoint");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let (mut follower, mut leader) = cluster(dir.path(), &inputs);
+    rebuilt_behind_checkpoint(&leader).await;
     assert_eq!(memory(&leader).await, want, "and ends with the memory of the run before");
     assert_eq!(leader.terminate(), Some(0));
     assert!(follower.wait().unwrap().success());

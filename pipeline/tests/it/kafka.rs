@@ -362,14 +362,11 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
     std::fs::write(&hosts, format!("127.0.0.1:{}\n127.0.0.1:{}\n", port(), port())).unwrap();
     let hosts = hosts.to_str().unwrap();
     let follower_admin = format!("127.0.0.1:{}", port());
-    let mut follower = crate::common::engram()
-        .args(["run", "-n", "2", "-p", "1", "-w", "1", "-h", hosts, "--admin", &follower_admin, "--data-dir"])
-        .arg(dir.path().join("p1"))
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-w", "1", "-h", hosts], &env);
+    let start = |admin: &[&str]| {
+        let follower = crate::common::follower(hosts, &dir.path().join("p1"), &[&["-w", "1"], admin].concat(), &env);
+        (follower, Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-w", "1", "-h", hosts], &env))
+    };
+    let (mut follower, mut leader) = start(&["--admin", &follower_admin]);
 
     // Read-your-writes for a partition the other process reads.
     let q = json!({"query": "storm harbour", "mode": "flat", "k": 3});
@@ -421,34 +418,8 @@ async fn two_processes_split_the_partitions_and_give_the_memory_of_one() {
 
     // Both restarted: process 0 serves its checkpoint at once, each process replays its own log behind it (the
     // records of both logs, in one checkpointed memory), and the memory is the one before.
-    let mut follower = crate::common::engram()
-        .args(["run", "-n", "2", "-p", "1", "-w", "1", "-h", hosts, "--data-dir"])
-        .arg(dir.path().join("p1"))
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut leader = Engine::start(&dir.path().join("p0"), &["-n", "2", "-p", "0", "-w", "1", "-h", hosts], &env);
-    let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
-    let restored: i64 = text
-        .text()
-        .await
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("engram_checkpoint_restored_epoch ").and_then(|v| v.parse().ok()))
-        .unwrap();
-    assert!(restored >= 0, "the restarted cluster serves process 0's checkpoint");
-    // Compared once the dataflow has rebuilt behind the checkpoint and the views have taken its state.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let text = crate::common::client().get(format!("{}/metrics", leader.admin)).send().await.unwrap();
-        let text = text.text().await.unwrap();
-        if text.lines().any(|l| l == "engram_checkpoint_rebuilding 0") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the cluster never rebuilt behind its checkpoint");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let (mut follower, mut leader) = start(&[]);
+    crate::common::rebuilt_behind_checkpoint(&leader).await;
     let again = settled(&leader, ids.len() as u64).await;
     assert_eq!(strip(&again), strip(&want), "the restarted cluster has the memory of one process");
     assert_eq!(neighbours(&leader, &ids).await, want_neighbours);

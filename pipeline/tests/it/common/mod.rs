@@ -195,3 +195,32 @@ pub async fn settled_news(engine: &Engine) -> serde_json::Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Process 1 of a two-process cluster (`-n 2 -p 1`), a bare child: `args` go after `-h HOSTS` (`-w`, `--admin`).
+pub fn follower(hosts: &str, data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
+    engram()
+        .args(["run", "-n", "2", "-p", "1", "-h", hosts])
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn the follower")
+}
+
+/// Asserts that `engine` started from its checkpoint, and waits until the dataflow has rebuilt behind it and the
+/// views have taken its state.
+pub async fn rebuilt_behind_checkpoint(engine: &Engine) {
+    let metric = async |name: &str| -> i64 {
+        let text = client().get(format!("{}/metrics", engine.admin)).send().await.unwrap().text().await.unwrap();
+        let prefix = format!("{name} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.parse().ok())).expect(name)
+    };
+    assert!(metric("engram_checkpoint_restored_epoch").await >= 0, "the restart serves its checkpoint");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric("engram_checkpoint_rebuilding").await != 0 {
+        assert!(Instant::now() < deadline, "the dataflow never rebuilt behind the checkpoint");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
