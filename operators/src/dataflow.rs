@@ -183,11 +183,7 @@ impl IndexStore {
     }
 
     fn take_restored(&self, space: &str) -> Option<IndexState> {
-        let mut restored = self.restored.lock().expect("index store lock");
-        if restored.is_empty() {
-            return None;
-        }
-        restored.remove(space)
+        self.restored.lock().expect("index store lock").remove(space)
     }
 }
 
@@ -224,24 +220,20 @@ where
         move |space, rows| {
             let changes: Vec<(Node, Embedding, isize)> = rows.into_iter().map(|((_, n, e), d)| (n, e, d)).collect();
             let mut indexes = indexes.lock().expect("index lock");
-            let restored = match indexes.contains_key(space) {
-                true => None,
-                false => store.take_restored(space),
-            };
+            let state = if indexes.contains_key(space) { None } else { store.take_restored(space) };
+            let restored = state.and_then(|state| match SimilarityIndex::restore(params.clone(), &state, &changes) {
+                Ok(index) => Some(index),
+                Err(e) => {
+                    tracing::warn!(space, error = %e, "the checkpoint's similarity index does not match its nodes; built from them");
+                    None
+                }
+            });
             let deltas = match restored {
-                Some(state) => match SimilarityIndex::restore(params.clone(), &state, changes.clone()) {
-                    Ok(index) => {
-                        let deltas = index.all_edges();
-                        indexes.insert(space.to_string(), index);
-                        deltas
-                    }
-                    Err(e) => {
-                        tracing::warn!(space, error = %e, "the checkpoint's similarity index does not match its nodes; built from them");
-                        let index =
-                            indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));
-                        index.apply(changes)
-                    }
-                },
+                Some(index) => {
+                    let deltas = index.all_edges();
+                    indexes.insert(space.to_string(), index);
+                    deltas
+                }
                 None => {
                     let index =
                         indexes.entry(space.to_string()).or_insert_with(|| SimilarityIndex::new(params.clone()));

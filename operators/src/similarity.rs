@@ -161,6 +161,16 @@ fn weakest(list: &[Scored], k: usize) -> Weakest {
     (list.len() >= k).then(|| (list[k - 1].score.to_bits(), Reverse(list[k - 1].id.clone())))
 }
 
+/// A batch's net change per (node, vector), zeros dropped.
+fn consolidate<N: Ord, E: Ord>(changes: impl IntoIterator<Item = (N, E, isize)>) -> BTreeMap<(N, E), isize> {
+    let mut net: BTreeMap<(N, E), isize> = BTreeMap::new();
+    for (n, e, d) in changes {
+        *net.entry((n, e)).or_default() += d;
+    }
+    net.retain(|_, d| *d != 0);
+    net
+}
+
 /// Weight in millionths, as edges carry it.
 pub fn micro(score: f32) -> u32 {
     (score.clamp(0.0, 1.0) * 1e6).round() as u32
@@ -284,10 +294,7 @@ impl SimilarityIndex {
     /// `changes`.
     pub fn apply(&mut self, changes: Vec<(Node, Embedding, isize)>) -> Vec<EdgeDelta> {
         // Consolidate: a batch may retract and re-insert the same node.
-        let mut net: BTreeMap<(Node, Embedding), isize> = BTreeMap::new();
-        for (n, e, d) in changes {
-            *net.entry((n, e)).or_default() += d;
-        }
+        let net = consolidate(changes);
         let mut deletes = Vec::new();
         let mut inserts = Vec::new();
         for ((n, e), d) in net {
@@ -457,8 +464,13 @@ impl SimilarityIndex {
     /// Puts a node into its class and the document map, with no list yet.
     fn place(&mut self, id: Arc<str>, node: Node, emb: Embedding) {
         let class = (!emb.is_zero()).then(|| self.class_for(emb));
+        self.enter(id, node, class);
+    }
+
+    /// Enters a node into its (live) class and the document map, with no list yet.
+    fn enter(&mut self, id: Arc<str>, node: Node, class: Option<usize>) {
         if let Some(c) = class {
-            self.classes[c].as_mut().expect("just made").members.insert(id.clone());
+            self.classes[c].as_mut().expect("a live class").members.insert(id.clone());
         }
         self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
         self.entries.insert(id, Entry { node, class });
@@ -709,18 +721,39 @@ impl SimilarityIndex {
     pub fn restore(
         params: SimilarityParams,
         state: &IndexState,
-        changes: Vec<(Node, Embedding, isize)>,
+        changes: &[(Node, Embedding, isize)],
     ) -> Result<SimilarityIndex, String> {
-        let mut net: BTreeMap<(Node, Embedding), isize> = BTreeMap::new();
-        for (n, e, d) in changes {
-            *net.entry((n, e)).or_default() += d;
-        }
-        net.retain(|_, d| *d != 0);
+        let net = consolidate(changes.iter().map(|(n, e, d)| (n, e, *d)));
         if net.values().any(|d| *d != 1) {
             return Err("the batch is not one insert per node".into());
         }
         if net.len() != state.nodes.len() {
             return Err(format!("{} nodes fed for {} in the state", net.len(), state.nodes.len()));
+        }
+        // Every node checked against the state before the index is built.
+        let place: HashMap<&str, usize> = state.nodes.iter().enumerate().map(|(i, n)| (n.0.as_str(), i)).collect();
+        if place.len() != state.nodes.len() {
+            return Err("the state names a node twice".into());
+        }
+        let mut placed = Vec::with_capacity(net.len());
+        let mut fed = vec![false; state.nodes.len()];
+        for (node, emb) in net.into_keys() {
+            let Some(&i) = place.get(node.id.as_str()) else {
+                return Err(format!("node {} is not in the state", node.id));
+            };
+            if std::mem::replace(&mut fed[i], true) {
+                return Err(format!("node {} is fed twice", node.id));
+            }
+            let class = state.nodes[i].1.map(|c| c as usize);
+            match class {
+                Some(c) if state.points.get(c) == Some(emb) => {}
+                None if emb.is_zero() => {}
+                _ => return Err(format!("node {}'s vector is not its class's", node.id)),
+            }
+            placed.push((i, node, class));
+        }
+        if state.nodes.iter().flat_map(|n| &n.2).any(|(j, _)| *j as usize >= state.nodes.len()) {
+            return Err("a list names a node out of range".into());
         }
         let mut index = SimilarityIndex::new(params);
         index.hnsw = Self::new_hnsw(&index.params, state.points.len());
@@ -728,24 +761,10 @@ impl SimilarityIndex {
             index.hnsw.insert_slice((std::slice::from_ref(emb), slot));
             index.classes.push(Some(Class { emb: emb.clone(), members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
         }
-        let place: HashMap<&str, usize> = state.nodes.iter().enumerate().map(|(i, n)| (n.0.as_str(), i)).collect();
         let mut names: Vec<Option<Arc<str>>> = vec![None; state.nodes.len()];
-        for ((node, emb), _) in net {
-            let Some(&i) = place.get(node.id.as_str()) else {
-                return Err(format!("node {} is not in the state", node.id));
-            };
-            let class = state.nodes[i].1.map(|c| c as usize);
-            match class {
-                Some(c) if index.classes.get(c).is_some_and(|k| k.as_ref().is_some_and(|k| k.emb == emb)) => {}
-                None if emb.is_zero() => {}
-                _ => return Err(format!("node {}'s vector is not its class's", node.id)),
-            }
+        for (i, node, class) in placed {
             let id: Arc<str> = Arc::from(node.id.as_str());
-            if let Some(c) = class {
-                index.classes[c].as_mut().expect("made above").members.insert(id.clone());
-            }
-            index.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
-            index.entries.insert(id.clone(), Entry { node, class });
+            index.enter(id.clone(), node.clone(), class);
             names[i] = Some(id);
         }
         let names: Vec<Arc<str>> = names.into_iter().map(|n| n.expect("every node placed")).collect();
@@ -760,7 +779,7 @@ impl SimilarityIndex {
         for (i, (_, _, list)) in state.nodes.iter().enumerate() {
             let mut scored = Vec::with_capacity(list.len());
             for &(j, score) in list {
-                let other = names.get(j as usize).ok_or("a list names a node out of range")?;
+                let other = &names[j as usize];
                 index.holders.entry(other.clone()).or_default().insert(names[i].clone());
                 scored.push(Scored { score, id: other.clone() });
             }

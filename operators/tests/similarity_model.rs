@@ -361,7 +361,7 @@ fn a_restored_index_goes_on_exactly_as_the_one_it_was_taken_from() {
             let state: IndexState = serde_json::from_str(&serde_json::to_string(&index.state()).unwrap()).unwrap();
             assert_eq!(state, index.state());
             let nodes = live_batch(&batches[..cut], s, &emb);
-            let back = SimilarityIndex::restore(p.clone(), &state, nodes.clone()).unwrap();
+            let back = SimilarityIndex::restore(p.clone(), &state, &nodes).unwrap();
             let emitted: BTreeSet<(String, String, u32)> =
                 back.all_edges().into_iter().filter(|e| e.3 == 1).map(|(u, v, w, _)| (u, v, w)).collect();
             assert_eq!(emitted, index.edges(), "seed {seed}: the restored edges at the cut");
@@ -394,14 +394,34 @@ fn a_state_that_does_not_match_its_nodes_is_refused() {
     let mut index = SimilarityIndex::new(p.clone());
     index.apply(nodes.clone());
     let state = index.state();
-    assert!(SimilarityIndex::restore(p.clone(), &state, nodes.clone()).is_ok());
-    let missing = SimilarityIndex::restore(p.clone(), &state, nodes[1..].to_vec()).err().unwrap();
+    assert!(SimilarityIndex::restore(p.clone(), &state, &nodes).is_ok());
+    let missing = SimilarityIndex::restore(p.clone(), &state, &nodes[1..]).err().unwrap();
     assert!(missing.contains("nodes fed"), "{missing}");
     let mut other = nodes.clone();
     other[0].1 = emb.embed("a text no node of the state has");
-    let differs = SimilarityIndex::restore(p.clone(), &state, other).err().unwrap();
+    let differs = SimilarityIndex::restore(p.clone(), &state, &other).err().unwrap();
     assert!(differs.contains("not its class's"), "{differs}");
     let mut retracted = nodes.clone();
     retracted[0].2 = -1;
-    assert!(SimilarityIndex::restore(p, &state, retracted).is_err());
+    assert!(SimilarityIndex::restore(p.clone(), &state, &retracted).is_err());
+    // One id twice in the batch (another text), in place of another node: refused, not a panic.
+    let mut twice = nodes.clone();
+    twice[1].0 = Node { text: "another text".into(), ..twice[0].0.clone() };
+    twice[1].1 = emb.embed("another text");
+    assert!(SimilarityIndex::restore(p.clone(), &state, &twice).is_err());
+    // A state whose lists or classes point past its nodes or points (a damaged or foreign checkpoint): refused.
+    let json = serde_json::to_value(&state).unwrap();
+    let damaged = |edit: &dyn Fn(&mut serde_json::Value)| -> IndexState {
+        let mut v = json.clone();
+        edit(&mut v);
+        serde_json::from_value(v).unwrap()
+    };
+    let far_list = damaged(&|v| v["nodes"][0][2] = serde_json::json!([[100000, 0.9]]));
+    let err = SimilarityIndex::restore(p.clone(), &far_list, &nodes).err().unwrap();
+    assert!(err.contains("out of range"), "{err}");
+    let far_class = damaged(&|v| v["nodes"][0][1] = serde_json::json!(100000));
+    assert!(SimilarityIndex::restore(p.clone(), &far_class, &nodes).is_err());
+    let named_twice = damaged(&|v| v["nodes"][1][0] = v["nodes"][0][0].clone());
+    let err = SimilarityIndex::restore(p, &named_twice, &nodes).err().unwrap();
+    assert!(err.contains("twice"), "{err}");
 }
