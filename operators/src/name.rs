@@ -1,6 +1,8 @@
 //! [`Name`]: a shared, immutable string for the ids and texts that cross the structure's operators (spaces, nodes,
 //! clusters, replicas' components, texts). A clone is a reference count, not an allocation and a copy, so a row
 //! copied into an arrangement, a join's output or an operator's state holds the one text its name was made from.
+//! A name is one pointer wide ([`ArcStr`]: its length sits in the shared allocation), so every row, key and slot
+//! table that holds names holds half the bytes an `Arc<str>` would.
 //! Equality, order and hashing are the string's, so anything keyed or sorted by names is exactly what it was with
 //! `String`s.
 
@@ -9,19 +11,20 @@ use std::collections::HashSet;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
-use std::sync::{Arc, OnceLock};
+
+use arcstr::ArcStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Clone)]
-pub struct Name(Arc<str>);
+pub struct Name(ArcStr);
 
 impl Name {
     pub fn new(s: &str) -> Self {
         if s.is_empty() {
             return Name::default();
         }
-        Name(Arc::from(s))
+        Name(ArcStr::from(s))
     }
 
     pub fn as_str(&self) -> &str {
@@ -30,15 +33,15 @@ impl Name {
 
     /// How many names share this one's text.
     pub fn shares(&self) -> usize {
-        Arc::strong_count(&self.0)
+        // The empty name is a static literal, held by every default and never freed.
+        ArcStr::strong_count(&self.0).unwrap_or(usize::MAX)
     }
 }
 
 impl Default for Name {
-    /// The empty name, one allocation for the process.
+    /// The empty name, a static literal: no allocation, and a clone touches no count.
     fn default() -> Self {
-        static EMPTY: OnceLock<Arc<str>> = OnceLock::new();
-        Name(EMPTY.get_or_init(|| Arc::from("")).clone())
+        Name(ArcStr::new())
     }
 }
 
@@ -63,7 +66,7 @@ impl AsRef<str> for Name {
 
 impl PartialEq for Name {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+        ArcStr::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
     }
 }
 
@@ -89,7 +92,7 @@ impl PartialOrd for Name {
 
 impl Ord for Name {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        if Arc::ptr_eq(&self.0, &other.0) {
+        if ArcStr::ptr_eq(&self.0, &other.0) {
             return std::cmp::Ordering::Equal;
         }
         self.0.cmp(&other.0)
@@ -125,7 +128,7 @@ impl From<String> for Name {
         if s.is_empty() {
             return Name::default();
         }
-        Name(Arc::from(s))
+        Name(ArcStr::from(s))
     }
 }
 
@@ -230,7 +233,8 @@ mod tests {
         let mut i = Interner::default();
         let a = i.name("space");
         let b = i.take("space".to_string());
-        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert!(ArcStr::ptr_eq(&a.0, &b.0));
+        assert_eq!(std::mem::size_of::<Name>(), std::mem::size_of::<usize>());
         drop((a, b));
         let kept: Vec<Name> = (0..3000).map(|k| i.name(&format!("n{k}"))).filter(|n| n.len() % 2 == 0).collect();
         i.sweep();

@@ -24,9 +24,9 @@
 //! delete: emptied classes are tombstoned, filtered out of searches, and the index is rebuilt when tombstones
 //! outnumber the living.
 
+use crate::name::Name;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use hnsw_rs::prelude::Hnsw;
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,7 @@ fn bar(list: &[Scored], k: usize) -> u32 {
 /// A list's weakest neighbour as an order: `None` (a short list, which anything scoring θ enters) first, then by
 /// score ascending and, at one score, by id descending. A newcomer `w` scoring `s` enters exactly the lists whose
 /// weakest is below `Some((s, Reverse(w)))`. Scores are positive, so their bits order as they do.
-type Weakest = Option<(u32, Reverse<Arc<str>>)>;
+type Weakest = Option<(u32, Reverse<Name>)>;
 
 fn weakest(list: &[Scored], k: usize) -> Weakest {
     (list.len() >= k).then(|| (list[k - 1].score.to_bits(), Reverse(list[k - 1].id.clone())))
@@ -180,7 +180,7 @@ pub fn micro(score: f32) -> u32 {
 #[derive(Clone, Debug, PartialEq)]
 struct Scored {
     score: f32,
-    id: Arc<str>,
+    id: Name,
 }
 
 fn better(a: &Scored, b: &Scored) -> bool {
@@ -191,9 +191,9 @@ fn better(a: &Scored, b: &Scored) -> bool {
 struct Class {
     emb: Embedding,
     /// Members by id: a list takes a class's smallest ids first.
-    members: BTreeSet<Arc<str>>,
+    members: BTreeSet<Name>,
     /// Members by the weakest neighbour of their list, weakest first: the members an insert can enter.
-    by_weakest: BTreeSet<(Weakest, Arc<str>)>,
+    by_weakest: BTreeSet<(Weakest, Name)>,
 }
 
 struct Entry {
@@ -212,21 +212,21 @@ pub struct SimilarityIndex {
     /// [`Embedding::content_hash`] → the live classes with that hash.
     by_vector: HashMap<u64, Vec<usize>>,
     tombstones: usize,
-    entries: HashMap<Arc<str>, Entry>,
+    entries: HashMap<Name, Entry>,
     /// doc → (position, id) of its nodes: the positional window is a range scan.
-    by_doc: HashMap<String, BTreeSet<(i64, Arc<str>)>>,
-    topk: HashMap<Arc<str>, Vec<Scored>>,
+    by_doc: HashMap<String, BTreeSet<(i64, Name)>>,
+    topk: HashMap<Name, Vec<Scored>>,
     /// x → the nodes whose top-k lists hold x.
-    holders: HashMap<Arc<str>, HashSet<Arc<str>>>,
+    holders: HashMap<Name, HashSet<Name>>,
     /// (what it takes to enter a node's list — its k-th score in millionths, 0 while the list is short —, node),
     /// easiest first: the reverse lookup of an insert scans the easiest nodes and asks the index only for the rest.
-    bars: BTreeSet<(u32, Arc<str>)>,
+    bars: BTreeSet<(u32, Name)>,
 }
 
 /// An edge change within one space: `(u, v, weight_micro, diff)`.
 pub type EdgeDelta = (String, String, u32, isize);
 
-type Before = BTreeMap<(Arc<str>, Arc<str>), Option<u32>>;
+type Before = BTreeMap<(Name, Name), Option<u32>>;
 
 impl SimilarityIndex {
     pub fn new(params: SimilarityParams) -> Self {
@@ -250,7 +250,7 @@ impl SimilarityIndex {
     }
 
     /// Changes the list of `id` (creating it if need be), keeping `bars` and its class's order in step.
-    fn relist(&mut self, id: &Arc<str>, change: impl FnOnce(&mut Vec<Scored>)) {
+    fn relist(&mut self, id: &Name, change: impl FnOnce(&mut Vec<Scored>)) {
         let k = self.params.k;
         let (b0, w0, b1, w1) = {
             let list = self.topk.entry(id.clone()).or_default();
@@ -305,7 +305,7 @@ impl SimilarityIndex {
             }
         }
         let mut before: Before = BTreeMap::new();
-        let mut dirty: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut dirty: BTreeSet<Name> = BTreeSet::new();
 
         for id in deletes {
             self.delete(&id, &mut before, &mut dirty);
@@ -317,9 +317,9 @@ impl SimilarityIndex {
         // enters the index, then every list is computed by a nearest-neighbour search. No reverse lookups, whose
         // bars are all low while lists are still filling. Same graph: it is a function of the live nodes.
         let bulk = inserts.len() > self.params.exhaustive_below.max(self.entries.len());
-        let mut fresh: Vec<Arc<str>> = Vec::new();
+        let mut fresh: Vec<Name> = Vec::new();
         for (node, emb) in inserts {
-            let id: Arc<str> = Arc::from(node.id.as_str());
+            let id: Name = Name::from(node.id.as_str());
             if self.entries.contains_key(&id) {
                 // An insert of a live id without its retraction: replace (upstream sends both, but be total).
                 self.delete(&id, &mut before, &mut dirty);
@@ -334,8 +334,8 @@ impl SimilarityIndex {
         if bulk {
             // The nodes that were there first: their pairs with newcomers are touched while the newcomers' lists
             // are still empty, so the recorded "before" of every pair is its state before the batch.
-            let fresh_set: HashSet<Arc<str>> = fresh.iter().cloned().collect();
-            let mut old: Vec<Arc<str>> = self.entries.keys().filter(|id| !fresh_set.contains(*id)).cloned().collect();
+            let fresh_set: HashSet<Name> = fresh.iter().cloned().collect();
+            let mut old: Vec<Name> = self.entries.keys().filter(|id| !fresh_set.contains(*id)).cloned().collect();
             old.sort();
             for id in old.iter().chain(&fresh) {
                 self.recompute(id, &mut before);
@@ -363,7 +363,7 @@ impl SimilarityIndex {
         out
     }
 
-    fn pair(a: &Arc<str>, b: &Arc<str>) -> (Arc<str>, Arc<str>) {
+    fn pair(a: &Name, b: &Name) -> (Name, Name) {
         if a < b {
             (a.clone(), b.clone())
         } else {
@@ -372,16 +372,16 @@ impl SimilarityIndex {
     }
 
     /// Records the state of pair (a, b) before the batch touches it.
-    fn touch(&self, a: &Arc<str>, b: &Arc<str>, before: &mut Before) {
+    fn touch(&self, a: &Name, b: &Name, before: &mut Before) {
         if let std::collections::btree_map::Entry::Vacant(e) = before.entry(Self::pair(a, b)) {
             let state = self.edge_state(&e.key().0, &e.key().1);
             e.insert(state);
         }
     }
 
-    fn edge_state(&self, u: &Arc<str>, v: &Arc<str>) -> Option<u32> {
+    fn edge_state(&self, u: &Name, v: &Name) -> Option<u32> {
         let (eu, ev) = (self.entries.get(u)?, self.entries.get(v)?);
-        let holds = |a: &Arc<str>, b: &Arc<str>| self.topk.get(a).is_some_and(|l| l.iter().any(|s| &s.id == b));
+        let holds = |a: &Name, b: &Name| self.topk.get(a).is_some_and(|l| l.iter().any(|s| &s.id == b));
         if holds(u, v) || holds(v, u) {
             Some(micro(self.score_entries(eu, ev)))
         } else {
@@ -398,7 +398,7 @@ impl SimilarityIndex {
         self.params.mix(cos, self.params.positional_term((&a.node.doc, a.node.pos), (&b.node.doc, b.node.pos)))
     }
 
-    fn delete(&mut self, id: &str, before: &mut Before, dirty: &mut BTreeSet<Arc<str>>) {
+    fn delete(&mut self, id: &str, before: &mut Before, dirty: &mut BTreeSet<Name>) {
         let Some(id) = self.entries.get_key_value(id).map(|(k, _)| k.clone()) else { return };
         for s in self.topk.get(&id).cloned().unwrap_or_default() {
             self.touch(&id, &s.id, before);
@@ -462,13 +462,13 @@ impl SimilarityIndex {
     }
 
     /// Puts a node into its class and the document map, with no list yet.
-    fn place(&mut self, id: Arc<str>, node: Node, emb: Embedding) {
+    fn place(&mut self, id: Name, node: Node, emb: Embedding) {
         let class = (!emb.is_zero()).then(|| self.class_for(emb));
         self.enter(id, node, class);
     }
 
     /// Enters a node into its (live) class and the document map, with no list yet.
-    fn enter(&mut self, id: Arc<str>, node: Node, class: Option<usize>) {
+    fn enter(&mut self, id: Name, node: Node, class: Option<usize>) {
         if let Some(c) = class {
             self.classes[c].as_mut().expect("a live class").members.insert(id.clone());
         }
@@ -476,7 +476,7 @@ impl SimilarityIndex {
         self.entries.insert(id, Entry { node, class });
     }
 
-    fn insert(&mut self, id: Arc<str>, node: Node, emb: Embedding, before: &mut Before) {
+    fn insert(&mut self, id: Name, node: Node, emb: Embedding, before: &mut Before) {
         self.place(id.clone(), node, emb);
 
         let cands = self.candidates(&id, true);
@@ -516,7 +516,7 @@ impl SimilarityIndex {
         }
     }
 
-    fn recompute(&mut self, id: &Arc<str>, before: &mut Before) {
+    fn recompute(&mut self, id: &Name, before: &mut Before) {
         let fresh: Vec<Scored> = self.candidates(id, false).into_iter().take(self.params.k).collect();
         let old = self.topk.get(id).cloned().unwrap_or_default();
         for s in old.iter().filter(|s| !fresh.iter().any(|f| f.id == s.id)) {
@@ -540,12 +540,12 @@ impl SimilarityIndex {
     /// `cos ≥ τ/α`, where `τ` is the lowest bar not scanned: the bar of a full list rises as the space fills, so the
     /// range stays narrow however large the space grows. Of each class in range, only the members whose weakest
     /// neighbour `id` beats are candidates (and its smallest ids, for `id`'s own list): a tie is never walked.
-    fn candidates(&self, id: &Arc<str>, reverse: bool) -> Vec<Scored> {
+    fn candidates(&self, id: &Name, reverse: bool) -> Vec<Scored> {
         let me = &self.entries[id];
         let k = self.params.k;
-        let mut seen: HashSet<Arc<str>> = HashSet::default();
+        let mut seen: HashSet<Name> = HashSet::default();
         let mut out = Vec::new();
-        let consider = |other: &Arc<str>, seen: &mut HashSet<Arc<str>>, out: &mut Vec<Scored>| {
+        let consider = |other: &Name, seen: &mut HashSet<Name>, out: &mut Vec<Scored>| {
             if other == id || !seen.insert(other.clone()) {
                 return;
             }
@@ -556,7 +556,7 @@ impl SimilarityIndex {
         };
         let (window, min_cos) = self.params.window();
         if let Some(same_doc) = self.by_doc.get(&me.node.doc) {
-            let lo = (me.node.pos.saturating_sub(window), Arc::<str>::from(""));
+            let lo = (me.node.pos.saturating_sub(window), Name::default());
             let hi = me.node.pos.saturating_add(window);
             for (_, other) in same_doc.range(lo..).take_while(|(p, _)| *p <= hi) {
                 consider(other, &mut seen, &mut out);
@@ -604,7 +604,7 @@ impl SimilarityIndex {
                     }
                 }
                 if reverse {
-                    let beaten = (Some((score.to_bits(), Reverse(id.clone()))), Arc::<str>::from(""));
+                    let beaten = (Some((score.to_bits(), Reverse(id.clone()))), Name::default());
                     for (_, m) in class.by_weakest.range(..beaten) {
                         if m != id && seen.insert(m.clone()) {
                             out.push(Scored { score, id: m.clone() });
@@ -701,7 +701,7 @@ impl SimilarityIndex {
             self.hnsw.get_point_indexation().into_iter().map(|p| (p.get_origin_id(), p.get_v()[0].clone())).collect();
         points.sort_by_key(|(slot, _)| *slot);
         debug_assert!(points.iter().enumerate().all(|(i, (slot, _))| i == *slot) && points.len() == self.classes.len());
-        let mut ids: Vec<&Arc<str>> = self.entries.keys().collect();
+        let mut ids: Vec<&Name> = self.entries.keys().collect();
         ids.sort();
         let at: HashMap<&str, u32> = ids.iter().enumerate().map(|(i, id)| (&***id, i as u32)).collect();
         let nodes = ids
@@ -761,13 +761,13 @@ impl SimilarityIndex {
             index.hnsw.insert_slice((std::slice::from_ref(emb), slot));
             index.classes.push(Some(Class { emb: emb.clone(), members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
         }
-        let mut names: Vec<Option<Arc<str>>> = vec![None; state.nodes.len()];
+        let mut names: Vec<Option<Name>> = vec![None; state.nodes.len()];
         for (i, node, class) in placed {
-            let id: Arc<str> = Arc::from(node.id.as_str());
+            let id: Name = Name::from(node.id.as_str());
             index.enter(id.clone(), node.clone(), class);
             names[i] = Some(id);
         }
-        let names: Vec<Arc<str>> = names.into_iter().map(|n| n.expect("every node placed")).collect();
+        let names: Vec<Name> = names.into_iter().map(|n| n.expect("every node placed")).collect();
         for c in 0..index.classes.len() {
             if index.classes[c].as_ref().is_some_and(|k| k.members.is_empty()) {
                 index.classes[c] = None;

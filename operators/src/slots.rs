@@ -6,12 +6,79 @@ use std::hash::{BuildHasher, Hash};
 
 pub use crate::fasthash::{HashMap, HashSet};
 
+/// A small map from slots to values, kept as a vector sorted by slot: a node's neighbours, a cluster's members, a
+/// cluster's link counts. An entry costs its own bytes, where a hash map per node costs buckets, control bytes and
+/// a table that only grows; the degrees it serves are tens, so a binary search is as quick as a hash. It iterates in
+/// slot order.
+#[derive(Clone, Debug)]
+pub struct SlotMap<V> {
+    entries: Vec<(u32, V)>,
+}
+
+impl<V> Default for SlotMap<V> {
+    fn default() -> Self {
+        SlotMap { entries: Vec::new() }
+    }
+}
+
+impl<V: Copy> SlotMap<V> {
+    fn find(&self, k: u32) -> Result<usize, usize> {
+        self.entries.binary_search_by_key(&k, |e| e.0)
+    }
+
+    pub fn get(&self, k: u32) -> Option<V> {
+        self.find(k).ok().map(|i| self.entries[i].1)
+    }
+
+    pub fn contains_key(&self, k: u32) -> bool {
+        self.find(k).is_ok()
+    }
+
+    pub fn insert(&mut self, k: u32, v: V) {
+        match self.find(k) {
+            Ok(i) => self.entries[i].1 = v,
+            Err(i) => self.entries.insert(i, (k, v)),
+        }
+    }
+
+    pub fn remove(&mut self, k: u32) -> Option<V> {
+        let i = self.find(k).ok()?;
+        let (_, v) = self.entries.remove(i);
+        // A map that emptied out gives its room back (hubs shrink as well as grow).
+        if self.entries.len() * 4 < self.entries.capacity() {
+            self.entries.shrink_to(self.entries.len() * 2);
+        }
+        Some(v)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.entries.iter().map(|e| e.0)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, V)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Multiplicities by slot.
+pub type Multiplicities = SlotMap<i32>;
+
 /// Adds `d` to slot `k`'s multiplicity in `map`, removing it at zero.
-pub fn bump(map: &mut HashMap<u32, isize>, k: u32, d: isize) {
-    let n = map.entry(k).or_default();
-    *n += d;
-    if *n == 0 {
-        map.remove(&k);
+pub fn bump(map: &mut Multiplicities, k: u32, d: isize) {
+    let n = map.get(k).unwrap_or(0) as isize + d;
+    if n == 0 {
+        map.remove(k);
+    } else {
+        // Multiplicities count the rows that join two slots: a handful, never 2^31.
+        map.insert(k, i32::try_from(n).expect("a multiplicity within i32"));
     }
 }
 
@@ -110,5 +177,42 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
     /// How many slots were ever allocated (the length of per-slot vectors).
     pub fn capacity(&self) -> usize {
         self.keys.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    #[test]
+    fn a_slot_map_holds_what_a_btree_map_holds_in_slot_order() {
+        for seed in 0..20 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (mut map, mut model) = (Multiplicities::default(), BTreeMap::<u32, isize>::new());
+            for _ in 0..2000 {
+                let (k, d) = (rng.gen_range(0..64u32), if rng.gen_bool(0.55) { 1 } else { -1 });
+                bump(&mut map, k, d);
+                let n = model.entry(k).or_default();
+                *n += d;
+                if *n == 0 {
+                    model.remove(&k);
+                }
+                assert_eq!(
+                    map.iter().map(|(k, v)| (k, v as isize)).collect::<Vec<_>>(),
+                    model.clone().into_iter().collect::<Vec<_>>()
+                );
+                assert_eq!(map.get(k).map(|v| v as isize), model.get(&k).copied());
+                assert_eq!(map.len(), model.len());
+            }
+            // Emptied, it gives its room back.
+            for k in model.keys().copied().collect::<Vec<_>>() {
+                bump(&mut map, k, -(model[&k]));
+            }
+            assert!(map.is_empty() && map.entries.capacity() <= 2, "{}", map.entries.capacity());
+        }
     }
 }

@@ -3,7 +3,6 @@
 //! are fully applied, `hierarchy_as_of` the last whose hierarchy and summaries are (never ahead of `as_of`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use operators::fasthash::{HashMap, HashSet};
 use operators::model::ErrorRow;
@@ -140,9 +139,9 @@ pub struct SpaceView {
     pub with_before: HashMap<String, f32>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). A
     /// neighbour's name is shared by every list that holds it ([`SpaceView::neighbour_names`]).
-    pub adjacency: HashMap<String, BTreeMap<Arc<str>, u32>>,
+    pub adjacency: HashMap<String, BTreeMap<operators::Name, u32>>,
     /// The names the adjacency lists hold, one allocation each.
-    neighbour_names: HashSet<Arc<str>>,
+    neighbour_names: HashSet<operators::Name>,
     /// Layer-0 edges.
     pub edges: usize,
     pub clusters: HashMap<String, ClusterView>,
@@ -290,7 +289,7 @@ impl SpaceView {
         let name = match self.neighbour_names.get(b) {
             Some(n) => n.clone(),
             None => {
-                let n: Arc<str> = b.into();
+                let n = operators::Name::from(b);
                 self.neighbour_names.insert(n.clone());
                 n
             }
@@ -312,7 +311,7 @@ impl SpaceView {
         if m.get(b) == Some(&w) {
             if let Some((n, _)) = m.remove_entry(b) {
                 // The name set's reference and this one: no list holds it any more.
-                if Arc::strong_count(&n) <= 2 {
+                if n.shares() <= 2 {
                     self.neighbour_names.remove(b);
                 }
             }
@@ -323,7 +322,7 @@ impl SpaceView {
         }
         // A copy of the view may have held a name while its last list let go of it: sweep those now and then.
         if self.neighbour_names.len() > 2 * self.adjacency.len() + 1024 {
-            self.neighbour_names.retain(|n| Arc::strong_count(n) > 1);
+            self.neighbour_names.retain(|n| n.shares() > 1);
         }
         removed
     }

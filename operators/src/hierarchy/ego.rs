@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::find_root;
 use crate::name::Name;
-use crate::slots::{bump, HashMap, Slots};
+use crate::slots::{bump, Multiplicities, Slots};
 
 /// A change of one ego-network row: `(v, a, old component, new component)`.
 pub type EgoChange = (Name, Name, Option<Name>, Option<Name>);
@@ -21,7 +21,7 @@ pub struct Ego {
     slots: Slots<Name>,
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
-    adj: Vec<HashMap<u32, isize>>,
+    adj: Vec<Multiplicities>,
     /// What was emitted for each node: (neighbour, component) slots, sorted by neighbour, allocated to size.
     emitted: Vec<Box<[(u32, u32)]>>,
     /// Scratch: slot → local index + 1 while one ego network is computed.
@@ -40,7 +40,7 @@ impl Ego {
     fn slot_of(&mut self, n: &Name) -> u32 {
         let (s, new) = self.slots.intern(n);
         if new {
-            self.adj.push(HashMap::default());
+            self.adj.push(Multiplicities::default());
             self.emitted.push(Box::default());
             self.mark.push(0);
         }
@@ -54,7 +54,7 @@ impl Ego {
         let mut linked_before: BTreeMap<(u32, u32), bool> = BTreeMap::new();
         for ((u, v), d) in changes {
             let (su, sv) = (self.slot_of(&u), self.slot_of(&v));
-            linked_before.entry((su, sv)).or_insert_with(|| self.adj[su as usize].contains_key(&sv));
+            linked_before.entry((su, sv)).or_insert_with(|| self.adj[su as usize].contains_key(sv));
             for (a, b) in [(su, sv), (sv, su)] {
                 bump(&mut self.adj[a as usize], b, d);
             }
@@ -63,7 +63,7 @@ impl Ego {
         let mut seen: Vec<u32> = Vec::new();
         for (&(u, v), &was) in &linked_before {
             seen.extend([u, v]);
-            if self.adj[u as usize].contains_key(&v) == was {
+            if self.adj[u as usize].contains_key(v) == was {
                 continue;
             }
             affected.extend([u, v]);
@@ -108,15 +108,14 @@ impl Ego {
     /// v's ego network: union-find over its neighbours and the links among them, each component named by its
     /// smallest member (by name); `(neighbour, component)` in neighbour order.
     fn components(&mut self, v: u32) -> Vec<(u32, u32)> {
-        let mut nbrs: Vec<u32> = self.adj[v as usize].keys().copied().collect();
-        nbrs.sort_unstable();
+        let nbrs: Vec<u32> = self.adj[v as usize].keys().collect();
         for (i, a) in nbrs.iter().enumerate() {
             self.mark[*a as usize] = i as u32 + 1;
         }
         let mut parent: Vec<usize> = (0..nbrs.len()).collect();
         for (i, a) in nbrs.iter().enumerate() {
             for b in self.adj[*a as usize].keys() {
-                let j = self.mark[*b as usize];
+                let j = self.mark[b as usize];
                 if j == 0 || (j - 1) as usize <= i {
                     continue;
                 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{keep_strongest, link_weight, HierarchyParams};
 use crate::name::Name;
-use crate::slots::{bump, HashMap, HashSet, Slots};
+use crate::slots::{bump, HashMap, HashSet, Multiplicities, SlotMap, Slots};
 
 /// One space's layer-above graph.
 #[derive(Default)]
@@ -24,12 +24,13 @@ pub struct Links {
     /// Nodes of the layer below (members), with their adjacency (both directions, with the multiplicity of the
     /// edge rows) and the clusters that hold them.
     nodes: Slots<Name>,
-    adj: Vec<HashMap<u32, isize>>,
-    of: Vec<HashMap<u32, isize>>,
+    adj: Vec<Multiplicities>,
+    of: Vec<Multiplicities>,
     /// Clusters, with their members, their link counts (symmetric) and the links they keep.
     clusters: Slots<Name>,
-    has: Vec<HashMap<u32, isize>>,
-    counts: Vec<HashMap<u32, u64>>,
+    has: Vec<Multiplicities>,
+    /// Link counts, saturating at `u32::MAX` (a count is a sum over two clusters' member pairs).
+    counts: Vec<SlotMap<u32>>,
     kept: Vec<Vec<u32>>,
     /// The edges emitted: `(a, b)` with `a`'s id below `b`'s → weight.
     emitted: HashMap<(u32, u32), u64>,
@@ -53,8 +54,8 @@ impl Links {
     fn node(&mut self, n: &Name) -> u32 {
         let (s, new) = self.nodes.intern(n);
         if new {
-            self.adj.push(HashMap::default());
-            self.of.push(HashMap::default());
+            self.adj.push(Multiplicities::default());
+            self.of.push(Multiplicities::default());
         }
         s
     }
@@ -62,8 +63,8 @@ impl Links {
     fn cluster(&mut self, c: &Name) -> u32 {
         let (s, new) = self.clusters.intern(c);
         if new {
-            self.has.push(HashMap::default());
-            self.counts.push(HashMap::default());
+            self.has.push(Multiplicities::default());
+            self.counts.push(SlotMap::default());
             self.kept.push(Vec::new());
         }
         s
@@ -92,31 +93,31 @@ impl Links {
         // A changed edge (u, v) changes the counts of the pairs (a cluster of u, a cluster of v): recounting the
         // clusters of u settles them all (a cluster u left in this epoch is touched by its membership change).
         for (u, _) in changed_edges {
-            touched.extend(self.of[u as usize].keys().copied());
+            touched.extend(self.of[u as usize].keys());
         }
         // Recount the touched clusters' links; a changed count changes both ends' link lists.
         let mut dirty: BTreeSet<u32> = BTreeSet::new();
         for &c in &touched {
             let mut row: HashMap<u32, i64> = HashMap::default();
-            for (&m, &dm) in &self.has[c as usize] {
-                for (&b, &db) in &self.of[m as usize] {
+            for (m, dm) in self.has[c as usize].iter() {
+                for (b, db) in self.of[m as usize].iter() {
                     if b != c {
-                        *row.entry(b).or_default() += (dm * db) as i64;
+                        *row.entry(b).or_default() += i64::from(dm) * i64::from(db);
                     }
                 }
-                for (&x, &dx) in &self.adj[m as usize] {
-                    for (&b, &db) in &self.of[x as usize] {
+                for (x, dx) in self.adj[m as usize].iter() {
+                    for (b, db) in self.of[x as usize].iter() {
                         if b != c {
-                            *row.entry(b).or_default() += (dm * dx * db) as i64;
+                            *row.entry(b).or_default() += i64::from(dm) * i64::from(dx) * i64::from(db);
                         }
                     }
                 }
             }
-            let old: Vec<u32> = self.counts[c as usize].keys().copied().collect();
+            let old: Vec<u32> = self.counts[c as usize].keys().collect();
             let mut changed: Vec<(u32, u64)> = Vec::new();
             for b in old.into_iter().chain(row.keys().copied()) {
                 let new = row.get(&b).copied().unwrap_or(0).max(0) as u64;
-                let was = self.counts[c as usize].get(&b).copied().unwrap_or(0);
+                let was = self.counts[c as usize].get(b).map_or(0, u64::from);
                 if new != was && !changed.iter().any(|(x, _)| *x == b) {
                     changed.push((b, new));
                 }
@@ -124,9 +125,9 @@ impl Links {
             for (b, n) in changed {
                 for (p, q) in [(c, b), (b, c)] {
                     if n == 0 {
-                        self.counts[p as usize].remove(&q);
+                        self.counts[p as usize].remove(q);
                     } else {
-                        self.counts[p as usize].insert(q, n);
+                        self.counts[p as usize].insert(q, u32::try_from(n).unwrap_or(u32::MAX));
                     }
                 }
                 dirty.extend([c, b]);
@@ -139,7 +140,7 @@ impl Links {
                 let clusters = &self.clusters;
                 let mut links: Vec<(u64, &str, u32)> = self.counts[c as usize]
                     .iter()
-                    .map(|(&b, &n)| (link_weight(n), clusters.key(b).as_str(), b))
+                    .map(|(b, n)| (link_weight(n.into()), clusters.key(b).as_str(), b))
                     .collect();
                 keep_strongest(&mut links, self.max_degree);
                 links.into_iter().map(|l| l.2).collect()
@@ -152,7 +153,7 @@ impl Links {
         let mut out = Vec::new();
         for (a, b) in pairs {
             let keeps = self.kept[a as usize].contains(&b) || self.kept[b as usize].contains(&a);
-            let now = keeps.then(|| self.counts[a as usize].get(&b).copied()).flatten().map(link_weight);
+            let now = keeps.then(|| self.counts[a as usize].get(b)).flatten().map(|n| link_weight(n.into()));
             let before = self.emitted.get(&(a, b)).copied();
             if now == before {
                 continue;
@@ -198,8 +199,8 @@ impl Links {
             }
             let name = self.clusters.key(c);
             out.push((LayerOutput::Node(name.clone()), 1));
-            for (&m, &d) in has {
-                out.push((LayerOutput::Member(name.clone(), self.nodes.key(m).clone()), d));
+            for (m, d) in has.iter() {
+                out.push((LayerOutput::Member(name.clone(), self.nodes.key(m).clone()), d as isize));
             }
         }
         for (&(a, b), &w) in &self.emitted {
