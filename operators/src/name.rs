@@ -158,7 +158,7 @@ impl<'de> Deserialize<'de> for Name {
 
 /// Makes equal strings one [`Name`]: the names that enter a dataflow go through one, so every row that carries a
 /// space, node or text shares its allocation. [`Interner::sweep`] forgets the names nothing else holds any more.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Interner {
     names: HashSet<Name, foldhash::fast::RandomState>,
     /// The size after the last sweep; the next comes when the set has doubled.

@@ -475,11 +475,11 @@ fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
                     v.event_of.get(id).and_then(|e| v.topic_of.get(e)).cloned().into_iter().collect()
                 } else {
                     v.parents
-                        .get(id)
+                        .get(id.as_str())
                         .into_iter()
                         .flatten()
-                        .filter(|c| v.clusters.get(*c).is_some_and(|c| c.layer == 1))
-                        .cloned()
+                        .filter(|c| v.clusters.get(c.as_str()).is_some_and(|c| c.layer == 1))
+                        .map(|c| c.to_string())
                         .collect()
                 };
                 memberships += gs.len();

@@ -558,10 +558,14 @@ pub(crate) fn node_json(s: &Shared, space: &str, id: &str) -> Result<serde_json:
     let id = id.to_string();
     let views = s.views();
     let view = space_view(&views, space)?;
-    let mut neighbours: Vec<(String, u32)> =
-        view.adjacency.get(&id).map(|m| m.iter().map(|(v, w)| (v.to_string(), *w)).collect()).unwrap_or_default();
+    let mut neighbours: Vec<(String, u32)> = view
+        .adjacency
+        .get(id.as_str())
+        .map(|m| m.iter().map(|(v, w)| (v.to_string(), *w)).collect())
+        .unwrap_or_default();
     neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let parents: Vec<&String> = view.parents.get(&id).map(|p| p.iter().collect()).unwrap_or_default();
+    let parents: Vec<&str> =
+        view.parents.get(id.as_str()).map(|p| p.iter().map(|c| c.as_str()).collect()).unwrap_or_default();
     if let Some((n, _)) = view.nodes.get(&id) {
         return Ok(json!({
             "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use operators::fasthash::{HashMap, HashSet};
+use operators::fasthash::HashMap;
 use operators::model::ErrorRow;
 use operators::request::ModelRequest;
 use operators::{Edge, Embedding, Node};
@@ -106,7 +106,7 @@ pub fn texts_to_embed(updates: &[(ViewUpdate, isize)]) -> Vec<String> {
 #[derive(Default, Clone)]
 pub struct ClusterView {
     pub layer: u32,
-    pub members: BTreeSet<String>,
+    pub members: BTreeSet<operators::Name>,
     pub summary: Option<(String, Embedding)>,
     /// When its members last changed in the views: a cluster whose members have settled is summarised without
     /// waiting out the debounce again for each new text of a member ([`operators::summary::Scheduler`]).
@@ -137,16 +137,16 @@ pub struct SpaceView {
     /// Layer-0 node → |its embedding + the embedding of the node just before it| (when it has one): relevance reads a
     /// node together with the one before it, and this keeps that from costing a second dot product per node and query.
     pub with_before: HashMap<String, f32>,
-    /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). A
-    /// neighbour's name is shared by every list that holds it ([`SpaceView::neighbour_names`]).
-    pub adjacency: HashMap<String, BTreeMap<operators::Name, u32>>,
-    /// The names the adjacency lists hold, one allocation each.
-    neighbour_names: HashSet<operators::Name>,
+    /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). Node and
+    /// cluster names here, in `clusters`' members and in `parents` are shared ([`SpaceView::names`]).
+    pub adjacency: HashMap<operators::Name, BTreeMap<operators::Name, u32>>,
+    /// The names the adjacency lists, memberships and parents hold, one allocation each.
+    names: operators::name::Interner,
     /// Layer-0 edges.
     pub edges: usize,
     pub clusters: HashMap<String, ClusterView>,
     /// node or cluster → the clusters that hold it.
-    pub parents: HashMap<String, BTreeSet<String>>,
+    pub parents: HashMap<operators::Name, BTreeSet<operators::Name>>,
     /// content key → request: the summariser's work list.
     pub requests: BTreeMap<String, std::sync::Arc<ModelRequest>>,
     /// Events by id, and their relations.
@@ -286,20 +286,14 @@ impl SpaceView {
 
     /// Adds `b` to `a`'s adjacency with weight `w` (replacing its weight there).
     fn link(&mut self, a: &str, b: &str, w: u32) {
-        let name = match self.neighbour_names.get(b) {
-            Some(n) => n.clone(),
-            None => {
-                let n = operators::Name::from(b);
-                self.neighbour_names.insert(n.clone());
-                n
-            }
-        };
+        let name = self.names.name(b);
         match self.adjacency.get_mut(a) {
             Some(m) => {
                 m.insert(name, w);
             }
             None => {
-                self.adjacency.insert(a.to_string(), BTreeMap::from([(name, w)]));
+                let a = self.names.name(a);
+                self.adjacency.insert(a, BTreeMap::from([(name, w)]));
             }
         }
     }
@@ -309,20 +303,11 @@ impl SpaceView {
         let Some(m) = self.adjacency.get_mut(a) else { return false };
         let mut removed = false;
         if m.get(b) == Some(&w) {
-            if let Some((n, _)) = m.remove_entry(b) {
-                // The name set's reference and this one: no list holds it any more.
-                if n.shares() <= 2 {
-                    self.neighbour_names.remove(b);
-                }
-            }
+            m.remove(b);
             removed = true;
         }
         if m.is_empty() {
             self.adjacency.remove(a);
-        }
-        // A copy of the view may have held a name while its last list let go of it: sweep those now and then.
-        if self.neighbour_names.len() > 2 * self.adjacency.len() + 1024 {
-            self.neighbour_names.retain(|n| n.shares() > 1);
         }
         removed
     }
@@ -342,25 +327,26 @@ impl SpaceView {
 
     fn apply_cluster(&mut self, layer: u32, c: String, m: String, d: isize) {
         if d > 0 {
-            let cv = self.clusters.entry(c.clone()).or_default();
+            let (cn, mn) = (self.names.name(&c), self.names.take(m));
+            let cv = self.clusters.entry(c).or_default();
             cv.layer = layer;
-            if cv.members.insert(m.clone()) {
+            if cv.members.insert(mn.clone()) {
                 cv.members_since = Some(std::time::Instant::now());
             }
-            self.parents.entry(m).or_default().insert(c);
+            self.parents.entry(mn).or_default().insert(cn);
         } else {
             if let Some(cv) = self.clusters.get_mut(&c) {
-                if cv.members.remove(&m) {
+                if cv.members.remove(m.as_str()) {
                     cv.members_since = Some(std::time::Instant::now());
                 }
                 if cv.members.is_empty() {
                     self.clusters.remove(&c);
                 }
             }
-            if let Some(p) = self.parents.get_mut(&m) {
-                p.remove(&c);
+            if let Some(p) = self.parents.get_mut(m.as_str()) {
+                p.remove(c.as_str());
                 if p.is_empty() {
-                    self.parents.remove(&m);
+                    self.parents.remove(m.as_str());
                 }
             }
         }
@@ -593,6 +579,9 @@ impl Views {
                 view.refresh_before(&id);
             }
         }
+        for view in self.spaces.values_mut() {
+            view.names.sweep();
+        }
         self.spaces.retain(|_, v| !v.is_empty());
     }
 
@@ -611,18 +600,18 @@ impl Views {
             for (a, links) in &v.adjacency {
                 for (b, w) in links.range::<str, _>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded))
                 {
-                    if v.nodes.contains_key(a) && v.nodes.contains_key(&**b) {
-                        let (u, v) = (a.clone(), b.to_string());
+                    if v.nodes.contains_key(a.as_str()) && v.nodes.contains_key(b.as_str()) {
+                        let (u, v) = (a.to_string(), b.to_string());
                         updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));
                     } else {
-                        let layer = v.clusters.get(a).map_or(0, |c| c.layer);
-                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.clone(), b.to_string(), u64::from(*w)));
+                        let layer = v.clusters.get(a.as_str()).map_or(0, |c| c.layer);
+                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.to_string(), b.to_string(), u64::from(*w)));
                     }
                 }
             }
             for (c, cv) in &v.clusters {
                 for m in &cv.members {
-                    updates.push(ViewUpdate::Cluster(s(), cv.layer, c.clone(), m.clone()));
+                    updates.push(ViewUpdate::Cluster(s(), cv.layer, c.clone(), m.to_string()));
                 }
                 if let Some((text, emb)) = &cv.summary {
                     updates.push(ViewUpdate::Summary(s(), cv.layer, c.clone(), text.clone()));

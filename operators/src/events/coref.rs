@@ -61,7 +61,7 @@ where
     let overlaps = judged.filter(|j| j.3 == Verdict::HasOverlap).map(|(s, a, b, _)| {
         let mut evidence = a.turns.clone();
         evidence.extend(b.turns.iter().cloned());
-        (s, RelationRow { from: a.id, to: b.id, kind: RelationKind::Overlap, evidence })
+        (s, RelationRow { from: a.id, to: b.id, kind: RelationKind::Overlap, evidence: evidence.into() })
     });
     let requests = pairs.antijoin(verdicts.map(|(k, _)| k).distinct()).map(|((s, key), (a, b))| {
         let pair = [(a.id.clone(), describe_event(&a)), (b.id.clone(), describe_event(&b))];

@@ -45,13 +45,15 @@ pub struct EventRow {
     pub time: Option<String>,
 }
 
-/// A typed, directed relation between two events of one session, with its evidence (the turns of both ends).
+/// A typed, directed relation between two events of one session, with its evidence (the turns of both ends). The
+/// evidence is shared by every copy of the row (the views keep one per end and one in their set; arrangements hold
+/// more), so a relation's turn ids are allocated once.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RelationRow {
     pub from: String,
     pub to: String,
     pub kind: RelationKind,
-    pub evidence: Vec<String>,
+    pub evidence: std::sync::Arc<[String]>,
 }
 
 /// The session of a turn: LoCoMo-style ids `D<s>:<n>` sit at position `s·10000 + n` (see `ingest`), every other

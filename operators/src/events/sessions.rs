@@ -50,7 +50,7 @@ pub(crate) fn from_answers(
                 from: last.id.clone(),
                 to: first.id.clone(),
                 kind: RelationKind::Temporal,
-                evidence,
+                evidence: evidence.into(),
             });
         }
         events.extend(tail_events);
@@ -124,7 +124,7 @@ fn rows(
             let (a, b) = (&events[r.from], &events[r.to]);
             let mut evidence = a.turns.clone();
             evidence.extend(b.turns.iter().cloned());
-            RelationRow { from: a.id.clone(), to: b.id.clone(), kind: r.kind, evidence }
+            RelationRow { from: a.id.clone(), to: b.id.clone(), kind: r.kind, evidence: evidence.into() }
         })
         .collect();
     relations.sort();

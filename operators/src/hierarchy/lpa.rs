@@ -16,6 +16,11 @@ use std::collections::BTreeSet;
 use super::{active, link_groups, replica_hash, Replica};
 use crate::slots::{HashMap, Slots};
 
+/// An edge row's multiplicity: the rows that join two replicas with one weight, a handful, never 2^31.
+fn multiplicity(n: isize) -> i32 {
+    i32::try_from(n).expect("a multiplicity within i32")
+}
+
 /// One replica graph and its labels.
 #[derive(Default)]
 pub struct Lpa {
@@ -24,8 +29,8 @@ pub struct Lpa {
     slots: Slots<Replica>,
     /// Multiplicity in the replica set; a slot with none is not a replica (it may still be named by edges).
     present: Vec<isize>,
-    /// Directed edges out of each slot: (neighbour, weight, multiplicity).
-    adj: Vec<Vec<(u32, u64, isize)>>,
+    /// Directed edges out of each slot: (neighbour, weight, multiplicity); 16 bytes an edge.
+    adj: Vec<Vec<(u32, u64, i32)>>,
     /// Each live replica's label after each round, `labels[s][0]` being `s` itself; empty when not a replica. With
     /// strongest-link groups, one label per live replica.
     labels: Vec<Vec<u32>>,
@@ -101,12 +106,12 @@ impl Lpa {
                     let list = &mut self.adj[sx as usize];
                     match list.iter_mut().position(|(n, nw, _)| *n == sy && *nw == w) {
                         Some(i) => {
-                            list[i].2 += d;
+                            list[i].2 = multiplicity(list[i].2 as isize + d);
                             if list[i].2 == 0 {
                                 list.swap_remove(i);
                             }
                         }
-                        None => list.push((sy, w, d)),
+                        None => list.push((sy, w, multiplicity(d))),
                     }
                     dirty.insert(sx);
                 }

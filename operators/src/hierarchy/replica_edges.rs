@@ -31,21 +31,85 @@ pub struct ReplicaEdges {
     components: HashMap<(u32, u32), Rows<u32>>,
 }
 
-/// Rows with multiplicities; one row lives inline, without an allocation of its own.
-type Rows<K> = smallvec::SmallVec<[(K, isize); 1]>;
-
 /// What one edge emits: `(cu, cv, weight)` with multiplicity, `cu` the component at the key's first end, sorted.
 type Emitted = Vec<((u32, u32, u64), isize)>;
 
-fn bump<K: PartialEq>(rows: &mut Rows<K>, k: K, d: isize) {
-    match rows.iter().position(|(x, _)| *x == k) {
-        Some(i) => {
-            rows[i].1 += d;
-            if rows[i].1 == 0 {
-                rows.swap_remove(i);
+/// Rows with multiplicities. Nearly always one row, which lives inline: an entry of the maps above is 24 bytes, key
+/// included. Two or more rows (a weight change within an epoch, a replica edge of two components) go to the heap.
+#[derive(Clone, Debug)]
+enum Rows<K> {
+    One(K, i32),
+    // A thin pointer: a `Vec` inline would make every entry, the one-row ones too, 16 bytes longer.
+    #[allow(clippy::box_collection)]
+    Many(Box<Vec<(K, isize)>>),
+}
+
+impl<K: Copy + PartialEq> Rows<K> {
+    fn iter(&self) -> impl Iterator<Item = (K, isize)> + '_ {
+        let (one, many) = match self {
+            Rows::One(k, n) => (Some((*k, *n as isize)), &[][..]),
+            Rows::Many(rows) => (None, &rows[..]),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+
+    /// Adds `d` to row `k`; whether no row is left.
+    fn bump(&mut self, k: K, d: isize) -> bool {
+        if d == 0 {
+            return false;
+        }
+        match self {
+            Rows::One(x, n) if *x == k => {
+                let m = *n as isize + d;
+                *n = multiplicity(m);
+                m == 0
+            }
+            Rows::One(x, n) => {
+                *self = Rows::Many(Box::new(vec![(*x, *n as isize), (k, d)]));
+                false
+            }
+            Rows::Many(rows) => {
+                match rows.iter().position(|(x, _)| *x == k) {
+                    Some(i) => {
+                        rows[i].1 += d;
+                        if rows[i].1 == 0 {
+                            rows.swap_remove(i);
+                        }
+                    }
+                    None => rows.push((k, d)),
+                }
+                match rows[..] {
+                    [] => true,
+                    [(x, n)] => {
+                        *self = Rows::One(x, multiplicity(n));
+                        false
+                    }
+                    _ => false,
+                }
             }
         }
-        None => rows.push((k, d)),
+    }
+}
+
+/// A row's multiplicity inline: the rows that join the same ends, a handful, never 2^31.
+fn multiplicity(n: isize) -> i32 {
+    i32::try_from(n).expect("a multiplicity within i32")
+}
+
+/// Adds `d` to row `k` of `key`'s rows in `map`, dropping the entry when no row is left.
+fn bump<K: Copy + PartialEq>(map: &mut HashMap<(u32, u32), Rows<K>>, key: (u32, u32), k: K, d: isize) {
+    use std::collections::hash_map::Entry;
+    match map.entry(key) {
+        Entry::Vacant(e) => {
+            if d != 0 {
+                e.insert(Rows::One(k, multiplicity(d)));
+            }
+        }
+        Entry::Occupied(mut e) => {
+            if e.get_mut().bump(k, d) {
+                e.remove();
+            }
+        }
     }
 }
 
@@ -81,9 +145,9 @@ impl ReplicaEdges {
         if let (Some(ws), Some(cus), Some(cvs)) =
             (self.weights.get(&key), self.components.get(&(u, v)), self.components.get(&(v, u)))
         {
-            for &(w, dw) in ws {
-                for &(cu, du) in cus {
-                    for &(cv, dv) in cvs {
+            for (w, dw) in ws.iter() {
+                for (cu, du) in cus.iter() {
+                    for (cv, dv) in cvs.iter() {
                         now.push(((cu, cv, w), dw * du * dv));
                     }
                 }
@@ -104,20 +168,10 @@ impl ReplicaEdges {
                 e.insert(self.emitted(key));
             }
             match weight {
-                Some(w) => {
-                    let rows = self.weights.entry(key).or_default();
-                    bump(rows, w, d);
-                    if rows.is_empty() {
-                        self.weights.remove(&key);
-                    }
-                }
+                Some(w) => bump(&mut self.weights, key, w, d),
                 None => {
                     let c = self.slot(&component);
-                    let rows = self.components.entry((x, y)).or_default();
-                    bump(rows, c, d);
-                    if rows.is_empty() {
-                        self.components.remove(&(x, y));
-                    }
+                    bump(&mut self.components, (x, y), c, d);
                 }
             }
         }
@@ -155,7 +209,7 @@ impl ReplicaEdges {
         for (&(v, a), cs) in &self.components {
             named[v as usize] = true;
             named[a as usize] = true;
-            for &(c, _) in cs {
+            for (c, _) in cs.iter() {
                 named[c as usize] = true;
             }
         }
@@ -177,6 +231,16 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+
+    #[test]
+    fn a_row_lives_inline_in_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Rows<u64>>(), 16);
+        assert_eq!(std::mem::size_of::<Rows<u32>>(), 16);
+        let mut rows = Rows::One(7u32, 1);
+        assert!(!rows.bump(8, 1) && matches!(rows, Rows::Many(_)));
+        assert!(!rows.bump(7, -1) && matches!(rows, Rows::One(8, 1)));
+        assert!(rows.bump(8, -1));
+    }
 
     /// Seeded random edges (inserts, deletes, weight changes) and components (changed, removed): after every batch
     /// the emitted rows equal the join of the edges with the components at both ends.

@@ -249,7 +249,7 @@ fn counts(shared: &Shared, space: &str) -> (usize, usize, usize, usize, Vec<usiz
     // Mean degree per layer: how dense each layer's graph is.
     let mut links = vec![0usize; layers.len()];
     for (id, nbrs) in &v.adjacency {
-        let layer = v.clusters.get(id).map_or(0, |c| c.layer as usize);
+        let layer = v.clusters.get(id.as_str()).map_or(0, |c| c.layer as usize);
         if let Some(l) = links.get_mut(layer) {
             *l += nbrs.len();
         }

@@ -154,7 +154,7 @@ fn prune_rounds<'v>(
                 grown.extend(nbrs.keys().map(|k| &**k));
             }
             if let Some(c) = view.clusters.get(*id) {
-                grown.extend(c.members.iter().map(String::as_str));
+                grown.extend(c.members.iter().map(operators::Name::as_str));
             }
         }
         trace.push(json!({"step": "round", "round": round, "kept": kept, "grown": grown.len() - kept.len(),
