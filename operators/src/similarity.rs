@@ -24,7 +24,6 @@
 //! delete: emptied classes are tombstoned, filtered out of searches, and the index is rebuilt when tombstones
 //! outnumber the living.
 
-use crate::name::Name;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fasthash::{HashMap, HashSet};
 use crate::model::{Edge, Embedding, Node, UnitCosine, POSITION_SCALE};
+use crate::name::Name;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]

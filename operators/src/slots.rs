@@ -71,14 +71,18 @@ impl<V: Copy> SlotMap<V> {
 /// Multiplicities by slot.
 pub type Multiplicities = SlotMap<i32>;
 
+/// A multiplicity as the compact state keeps it: the rows that join the same ends, a handful, never 2^31.
+pub fn multiplicity(n: isize) -> i32 {
+    i32::try_from(n).expect("a multiplicity within i32")
+}
+
 /// Adds `d` to slot `k`'s multiplicity in `map`, removing it at zero.
 pub fn bump(map: &mut Multiplicities, k: u32, d: isize) {
     let n = map.get(k).unwrap_or(0) as isize + d;
     if n == 0 {
         map.remove(k);
     } else {
-        // Multiplicities count the rows that join two slots: a handful, never 2^31.
-        map.insert(k, i32::try_from(n).expect("a multiplicity within i32"));
+        map.insert(k, multiplicity(n));
     }
 }
 

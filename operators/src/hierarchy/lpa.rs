@@ -14,12 +14,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use super::{active, link_groups, replica_hash, Replica};
-use crate::slots::{HashMap, Slots};
-
-/// An edge row's multiplicity: the rows that join two replicas with one weight, a handful, never 2^31.
-fn multiplicity(n: isize) -> i32 {
-    i32::try_from(n).expect("a multiplicity within i32")
-}
+use crate::slots::{multiplicity, HashMap, Slots};
 
 /// One replica graph and its labels.
 #[derive(Default)]

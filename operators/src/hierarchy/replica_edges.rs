@@ -6,7 +6,7 @@
 
 use super::Replica;
 use crate::name::Name;
-use crate::slots::{HashMap, Slots};
+use crate::slots::{multiplicity, HashMap, Slots};
 
 /// A change of the input: an edge `(u, v, Some(weight))` (either order), or an ego-network component
 /// `(v, a, None)` with its name in `component`.
@@ -89,11 +89,6 @@ impl<K: Copy + PartialEq> Rows<K> {
             }
         }
     }
-}
-
-/// A row's multiplicity inline: the rows that join the same ends, a handful, never 2^31.
-fn multiplicity(n: isize) -> i32 {
-    i32::try_from(n).expect("a multiplicity within i32")
 }
 
 /// Adds `d` to row `k` of `key`'s rows in `map`, dropping the entry when no row is left.
