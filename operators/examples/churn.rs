@@ -62,6 +62,8 @@ fn main() {
     let mut nodes = BTreeSet::new();
     let mut prev: Option<(Vec<Rows>, Vec<Graph>)> = None;
     let mut total = vec![0.0; p.max_layers];
+    // Per layer (index 0: layer 0), the graph's nodes and edges that changed, summed over the records.
+    let mut graph_total = vec![(0usize, 0usize); p.max_layers + 1];
     for (i, line) in text.lines().take(n + k).enumerate() {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
         let field = |f: &str| v[f].as_str().unwrap_or_default().to_string();
@@ -87,7 +89,10 @@ fn main() {
         let (clusters, graphs) = layers(&g, &p);
         let now = rows(&clusters);
         match &prev {
-            None => println!("layers {:?}", graphs.iter().map(|g| g.nodes.len()).collect::<Vec<_>>()),
+            None => {
+                println!("layers {:?}", graphs.iter().map(|g| g.nodes.len()).collect::<Vec<_>>());
+                println!("edges {:?}", graphs.iter().map(|g| g.edges.len()).collect::<Vec<_>>());
+            }
             Some((before, before_graphs)) => {
                 let changed: Vec<usize> = (0..now.len().max(before.len()))
                     .map(|l| {
@@ -108,6 +113,9 @@ fn main() {
                         (a.nodes.symmetric_difference(&b.nodes).count(), ea.symmetric_difference(&eb).count(), weights)
                     })
                     .collect();
+                for (t, (n, e, _)) in graph_total.iter_mut().zip(&graph_changes) {
+                    *t = (t.0 + n, t.1 + e);
+                }
                 println!("record {}: cluster rows changed by layer {changed:?}", i + 1);
                 println!("  graph changes by layer (nodes, edges, weights) {graph_changes:?}");
             }
@@ -116,4 +124,7 @@ fn main() {
     }
     let mean: Vec<String> = total.iter().map(|t| format!("{:.1}", t / k.max(1) as f64)).collect();
     println!("mean cluster rows changed per record, layers 1..: {}", mean.join(" "));
+    let per = |x: usize| x as f64 / k.max(1) as f64;
+    let graph: Vec<String> = graph_total.iter().map(|(n, e)| format!("{:.1}/{:.1}", per(*n), per(*e))).collect();
+    println!("mean graph nodes/edges changed per record, layers 0..: {}", graph.join(" "));
 }

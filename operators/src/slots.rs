@@ -86,6 +86,80 @@ pub fn bump(map: &mut Multiplicities, k: u32, d: isize) {
     }
 }
 
+/// Rows with multiplicities: an edge's weight rows, nearly always one, which lives inline in 16 bytes. Two or more
+/// rows (a weight change within an epoch) go to the heap.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rows<K> {
+    One(K, i32),
+    // A thin pointer: a `Vec` inline would make every entry, the one-row ones too, 16 bytes longer.
+    #[allow(clippy::box_collection)]
+    Many(Box<Vec<(K, isize)>>),
+}
+
+impl<K: Copy + PartialEq> Rows<K> {
+    pub fn iter(&self) -> impl Iterator<Item = (K, isize)> + '_ {
+        let (one, many) = match self {
+            Rows::One(k, n) => (Some((*k, *n as isize)), &[][..]),
+            Rows::Many(rows) => (None, &rows[..]),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+
+    /// Adds `d` to row `k`; whether no row is left.
+    pub fn bump(&mut self, k: K, d: isize) -> bool {
+        if d == 0 {
+            return false;
+        }
+        match self {
+            Rows::One(x, n) if *x == k => {
+                let m = *n as isize + d;
+                *n = multiplicity(m);
+                m == 0
+            }
+            Rows::One(x, n) => {
+                *self = Rows::Many(Box::new(vec![(*x, *n as isize), (k, d)]));
+                false
+            }
+            Rows::Many(rows) => {
+                match rows.iter().position(|(x, _)| *x == k) {
+                    Some(i) => {
+                        rows[i].1 += d;
+                        if rows[i].1 == 0 {
+                            rows.swap_remove(i);
+                        }
+                    }
+                    None => rows.push((k, d)),
+                }
+                match rows[..] {
+                    [] => true,
+                    [(x, n)] => {
+                        *self = Rows::One(x, multiplicity(n));
+                        false
+                    }
+                    _ => false,
+                }
+            }
+        }
+    }
+}
+
+/// Adds `d` to row `k` of `key`'s rows in `map`, dropping the entry when no row is left.
+pub fn bump_rows<Q: Hash + Eq, K: Copy + PartialEq>(map: &mut HashMap<Q, Rows<K>>, key: Q, k: K, d: isize) {
+    use std::collections::hash_map::Entry;
+    match map.entry(key) {
+        Entry::Vacant(e) => {
+            if d != 0 {
+                e.insert(Rows::One(k, multiplicity(d)));
+            }
+        }
+        Entry::Occupied(mut e) => {
+            if e.get_mut().bump(k, d) {
+                e.remove();
+            }
+        }
+    }
+}
+
 /// Keys ↔ slots. Each key is stored once: the index holds slots only, hashed and compared through `keys`.
 #[derive(Clone)]
 pub struct Slots<K> {
@@ -191,6 +265,16 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+
+    #[test]
+    fn a_row_lives_inline_in_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Rows<u64>>(), 16);
+        assert_eq!(std::mem::size_of::<Rows<u32>>(), 16);
+        let mut rows = Rows::One(7u32, 1);
+        assert!(!rows.bump(8, 1) && matches!(rows, Rows::Many(_)));
+        assert!(!rows.bump(7, -1) && matches!(rows, Rows::One(8, 1)));
+        assert!(rows.bump(8, -1));
+    }
 
     #[test]
     fn a_slot_map_holds_what_a_btree_map_holds_in_slot_order() {

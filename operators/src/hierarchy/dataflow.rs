@@ -1,8 +1,8 @@
 //! The hierarchy as differential dataflow: every step of [`super`] is a collection, so inserting or deleting a
 //! layer-0 node or edge updates exactly the ego networks, replicas, labels, clusters and upper layers it affects.
 //! The layers are unrolled into `max-layers` stages, each incremental on its own. Two steps are stateful operators
-//! per space rather than joins, because their joins were the cost: the ego networks ([`ego_networks`]) and label
-//! propagation ([`super::lpa`]), which keeps every round's labels and recomputes only what an epoch's changes reach.
+//! per space rather than joins, because their joins were the cost: the ego networks with the replica graph they make
+//! ([`ego_replicas`]) and label propagation ([`super::lpa`]), which keeps every round's labels and recomputes only what an epoch's changes reach.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,10 +13,9 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
-use super::ego::Ego;
+use super::ego::{Ego, ReplicaRow};
 use super::links::{Layer, LayerInput, LayerOutput};
 use super::lpa::Lpa;
-use super::replica_edges::ReplicaEdges;
 use super::{cluster_ids, label_parts, HierarchyParams, Replica};
 use crate::name::Name;
 
@@ -71,31 +70,12 @@ fn cluster_layer<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    // comp: ((s, v, a), component of v's ego network holding a).
-    let comp = ego_networks(edges.clone(), params.pool_loose_neighbours);
-    // Replica edges: (u, comp(u, v)) — (v, comp(v, u)).
-    let rows = edges
-        .clone()
-        .map(|(s, u, v, w)| (s, u, v, Some(w), Name::default()))
-        .concat(comp.clone().map(|((s, v, a), c)| (s, v, a, None, c)));
-    let mut spaces: HashMap<String, ReplicaEdges> = HashMap::new();
-    let radj = per_space_in_time_order(
-        rows,
-        "ReplicaEdges",
-        |(s, _, _, _, _)| s,
-        move |space, rows| {
-            let sp = Name::new(space);
-            let op = spaces.entry(space.to_string()).or_default();
-            let changes = op.apply(rows.into_iter().map(|((_, x, y, w, c), d)| ((x, y, w, c), d)).collect());
-            if op.is_empty() {
-                spaces.remove(space);
-            }
-            changes.into_iter().map(|((x, y), d)| (((sp.clone(), x), y), d)).collect()
-        },
-    );
+    // The replica graph: replicas `(s, (v, c))` and directed replica edges `((s, x), (y, w))`, both directions.
+    let ego = ego_replicas(edges.clone(), params.pool_loose_neighbours);
+    let radj = ego.clone().flat_map(|(s, (x, e))| e.map(|(y, w)| ((s, x), (y, w))));
     let with_edges = edges.flat_map(|(s, u, v, _)| [(s.clone(), u), (s, v)]).distinct();
     let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, Name::default())));
-    let replicas = comp.map(|((s, v, _), c)| (s, (v, c))).distinct().concat(isolated);
+    let replicas = ego.flat_map(|(s, (r, e))| e.is_none().then_some((s, r))).concat(isolated);
     let rule =
         if params.propagates(layer) { Rule::Propagate(params.lpa_rounds) } else { Rule::Link(params.max_cluster_size) };
     let labels = label_propagation(replicas, radj, rule);
@@ -134,40 +114,32 @@ where
         .flat_map(|((s, _anchor), (id, members))| members.into_iter().map(move |m| ((s.clone(), id.clone()), m)))
 }
 
-/// The ego networks of one layer: `((space, v, a), c)` for every node `v` and neighbour `a`, `c` naming the
-/// component of `v`'s ego network that holds `a` ([`ego_components`]).
+/// The replica graph of one layer: `(space, (replica, None))` for every replica `(v, c)` of a node with edges, `c`
+/// naming the component of `v`'s ego network it stands for ([`super::ego_components`]), and
+/// `(space, (x, Some((y, weight))))` for the replica edges, both directions of each.
 ///
-/// A stateful operator per space (like the similarity graph, [`Ego`] over interned slots): it keeps the adjacency,
-/// and for each epoch's edge changes recomputes the ego networks of the nodes they touch — the endpoints, and the
-/// common neighbours of the endpoints, whose ego networks gained or lost a link — and emits the difference from what
-/// it emitted before. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in memory (tens of millions
-/// at 100k chunks); here the state is the adjacency and the emitted rows, O(edges).
-fn ego_networks<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, ((Name, Name, Name), Name)>
+/// A stateful operator per space ([`Ego`] over interned slots): it keeps the adjacency with its weights and each
+/// node's components, and for each epoch's edge changes recomputes the ego networks of the nodes they touch — the
+/// endpoints, and the common neighbours of the endpoints, whose ego network gained or lost a link — and emits the
+/// difference in replicas and replica edges. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in
+/// memory (tens of millions at 100k chunks); here the state is the adjacency and the components, O(edges).
+fn ego_replicas<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, (Name, ReplicaRow)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
     let mut spaces: HashMap<String, Ego> = HashMap::new();
     per_space_in_time_order(
         edges,
-        "EgoNetworks",
+        "EgoReplicas",
         |(s, _, _, _)| s,
         move |space, rows| {
             let sp = Name::new(space);
             let ego = spaces.entry(space.to_string()).or_insert_with(|| Ego::new(pool));
-            let changes = ego.apply(rows.into_iter().map(|((_, u, v, _w), d)| ((u, v), d)).collect());
+            let changes = ego.apply(rows.into_iter().map(|((_, u, v, w), d)| ((u, v, w), d)).collect());
             if ego.is_empty() {
                 spaces.remove(space);
             }
-            let mut out = Vec::new();
-            for (v, a, old, new) in changes {
-                if let Some(c) = old {
-                    out.push((((sp.clone(), v.clone(), a.clone()), c), -1));
-                }
-                if let Some(c) = new {
-                    out.push((((sp.clone(), v, a), c), 1));
-                }
-            }
-            out
+            changes.into_iter().map(|(row, d)| ((sp.clone(), row), d)).collect()
         },
     )
 }

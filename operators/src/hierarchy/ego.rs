@@ -1,15 +1,23 @@
-//! The ego networks of one space's graph, kept incrementally over interned node slots: for every node v and
-//! neighbour a, the component of v's ego network (the subgraph induced by v's neighbours) that holds a, named by its
-//! smallest member ([`super::ego_components`] is the same rule over strings, used by the sequential reference).
+//! The ego networks of one space's graph and the replica graph they make, kept incrementally over interned node
+//! slots: for every node v and neighbour a, the component of v's ego network (the subgraph induced by v's
+//! neighbours) that holds a, named by its smallest member ([`super::ego_components`] is the same rule over strings,
+//! used by the sequential reference); the replicas `(v, component)`; and for every edge `(u, v, w)` the replica edge
+//! between u's replica for the component holding v and v's replica for the component holding u, with weight `w`.
+//!
+//! One operator holds all three because they are one state: the components are a function of the adjacency, and a
+//! replica edge of an edge's weight rows and the components at its two ends. As separate operators the components
+//! flowed between them as rows and were kept twice (here, and keyed by `(v, a)` beside the edges' weights there),
+//! and the replicas were a `distinct` arrangement of them.
 
 use std::collections::BTreeMap;
 
-use super::find_root;
+use super::{find_root, Replica};
 use crate::name::Name;
-use crate::slots::{bump, Multiplicities, Slots};
+use crate::slots::{bump, bump_rows, HashMap, Multiplicities, Rows, Slots};
 
-/// A change of one ego-network row: `(v, a, old component, new component)`.
-pub type EgoChange = (Name, Name, Option<Name>, Option<Name>);
+/// A change of the output: a directed replica edge `(x, Some((y, weight)))` (both directions of each edge), or a
+/// replica `(r, None)`.
+pub type ReplicaRow = (Replica, Option<(Replica, u64)>);
 
 /// The component of an ego network that is its only one (named "").
 const SOLE: u32 = u32::MAX;
@@ -22,10 +30,18 @@ pub struct Ego {
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
     adj: Vec<Multiplicities>,
-    /// What was emitted for each node: (neighbour, component) slots, sorted by neighbour, allocated to size.
+    /// Each edge's weight rows, keyed by `(u, v)`, the smaller slot first.
+    weights: HashMap<(u32, u32), Rows<u64>>,
+    /// The components of each node's ego network: (neighbour, component) slots, sorted by neighbour, allocated to
+    /// size.
     emitted: Vec<Box<[(u32, u32)]>>,
     /// Scratch: slot → local index + 1 while one ego network is computed.
     mark: Vec<u32>,
+}
+
+/// `(neighbour, component)` of `comps` (sorted by neighbour).
+fn comp_of(comps: &[(u32, u32)], a: u32) -> Option<u32> {
+    comps.binary_search_by_key(&a, |r| r.0).ok().map(|i| comps[i].1)
 }
 
 impl Ego {
@@ -47,14 +63,20 @@ impl Ego {
         s
     }
 
-    /// Applies one epoch's edge changes `(u, v)` with multiplicities and returns the changed rows: the ego networks
-    /// of both endpoints of every edge that appeared or went, and of the common neighbours of its endpoints (whose
-    /// ego network gained or lost the link). An edge whose weight alone changed changes nothing.
-    pub fn apply(&mut self, changes: Vec<((Name, Name), isize)>) -> Vec<EgoChange> {
+    /// Applies one epoch's edge changes `(u, v, weight)` (`u < v`) with multiplicities and returns the changes of
+    /// the replicas and of the directed replica edges. The ego networks recomputed are those of both endpoints of
+    /// every edge that appeared or went, and of the common neighbours of its endpoints (whose ego network gained or
+    /// lost the link); the replica edges rewritten are those whose weight or whose component at either end changed.
+    pub fn apply(&mut self, changes: Vec<((Name, Name, u64), isize)>) -> Vec<(ReplicaRow, isize)> {
         let mut linked_before: BTreeMap<(u32, u32), bool> = BTreeMap::new();
-        for ((u, v), d) in changes {
+        // Each edge whose rows or components change, with its weight rows before the epoch.
+        let mut touched: HashMap<(u32, u32), Option<Rows<u64>>> = HashMap::default();
+        for ((u, v, w), d) in changes {
             let (su, sv) = (self.slot_of(&u), self.slot_of(&v));
-            linked_before.entry((su, sv)).or_insert_with(|| self.adj[su as usize].contains_key(sv));
+            let key = (su.min(sv), su.max(sv));
+            linked_before.entry(key).or_insert_with(|| self.adj[su as usize].contains_key(sv));
+            touched.entry(key).or_insert_with(|| self.weights.get(&key).cloned());
+            bump_rows(&mut self.weights, key, w, d);
             for (a, b) in [(su, sv), (sv, su)] {
                 bump(&mut self.adj[a as usize], b, d);
             }
@@ -73,22 +95,59 @@ impl Ego {
         }
         affected.sort_unstable();
         affected.dedup();
-        let mut out = Vec::new();
+        let mut out: Vec<(ReplicaRow, isize)> = Vec::new();
+        // The components before the epoch of the (v, a) that changed.
+        let mut comps_before: HashMap<(u32, u32), Option<u32>> = HashMap::default();
         for v in affected {
             let now = self.components(v);
             let before = std::mem::take(&mut self.emitted[v as usize]);
-            for (a, c) in before.iter() {
-                let n = now.binary_search_by_key(a, |r| r.0).ok().map(|i| &now[i].1);
-                if n != Some(c) {
-                    out.push((self.name(v), self.name(*a), Some(self.name(*c)), n.map(|n| self.name(*n))));
+            for &(a, c) in before.iter() {
+                if comp_of(&now, a) != Some(c) {
+                    comps_before.insert((v, a), Some(c));
                 }
             }
-            for (a, c) in &now {
-                if before.binary_search_by_key(a, |r| r.0).is_err() {
-                    out.push((self.name(v), self.name(*a), None, Some(self.name(*c))));
+            for &(a, _) in &now {
+                if comp_of(&before, a).is_none() {
+                    comps_before.insert((v, a), None);
                 }
+            }
+            // The replicas: v's distinct components.
+            let distinct = |rows: &[(u32, u32)]| {
+                let mut cs: Vec<u32> = rows.iter().map(|r| r.1).collect();
+                cs.sort_unstable();
+                cs.dedup();
+                cs
+            };
+            let (was, is) = (distinct(&before), distinct(&now));
+            for c in was.iter().filter(|c| is.binary_search(c).is_err()) {
+                out.push((((self.name(v), self.name(*c)), None), -1));
+            }
+            for c in is.iter().filter(|c| was.binary_search(c).is_err()) {
+                out.push((((self.name(v), self.name(*c)), None), 1));
             }
             self.emitted[v as usize] = now.into_boxed_slice();
+        }
+        for &(v, a) in comps_before.keys() {
+            let key = (v.min(a), v.max(a));
+            touched.entry(key).or_insert_with(|| self.weights.get(&key).cloned());
+        }
+        for (key, weights_before) in touched {
+            let (u, v) = key;
+            let comp = |x: u32, y: u32| comp_of(&self.emitted[x as usize], y);
+            let comp_before = |x: u32, y: u32| comps_before.get(&(x, y)).copied().unwrap_or_else(|| comp(x, y));
+            let was = (weights_before, comp_before(u, v), comp_before(v, u));
+            let is = (self.weights.get(&key).cloned(), comp(u, v), comp(v, u));
+            if was == is {
+                continue;
+            }
+            for ((ws, cu, cv), sign) in [(was, -1), (is, 1)] {
+                let (Some(ws), Some(cu), Some(cv)) = (ws, cu, cv) else { continue };
+                let (ru, rv) = ((self.name(u), self.name(cu)), (self.name(v), self.name(cv)));
+                for (w, d) in ws.iter() {
+                    out.push(((ru.clone(), Some((rv.clone(), w))), sign * d));
+                    out.push(((rv.clone(), Some((ru.clone(), w))), sign * d));
+                }
+            }
         }
         for s in seen {
             if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() {
@@ -153,16 +212,18 @@ mod tests {
 
     use super::*;
 
-    /// Seeded random edge inserts, deletes and weight changes: after every batch the emitted rows equal
-    /// [`super::super::ego_components`] over the whole graph.
+    /// Seeded random edge inserts, deletes and weight changes (within one batch too): after every batch the
+    /// replicas and replica edges emitted so far equal those of [`super::super::ego_components`] over the whole
+    /// graph, joined with the edges' weights at both ends.
     #[test]
-    fn incremental_ego_networks_equal_the_reference_rule() {
-        for seed in 0..10 {
+    fn incremental_replicas_equal_the_reference_rule() {
+        for seed in 0..12 {
             let pool = seed % 2 == 0;
             let mut rng = StdRng::seed_from_u64(seed);
             let mut ego = Ego::new(pool);
             let mut edges: BTreeMap<(String, String), u64> = BTreeMap::new();
-            let mut rows: BTreeMap<(String, String), String> = BTreeMap::new();
+            let mut emitted: BTreeMap<ReplicaRow, isize> = BTreeMap::new();
+            let mut shared_components = false;
             for _ in 0..40 {
                 let mut batch = Vec::new();
                 for _ in 0..rng.gen_range(1..15) {
@@ -173,46 +234,59 @@ mod tests {
                         continue;
                     }
                     let (u, v) = (format!("n{:02}", a.min(b)), format!("n{:02}", a.max(b)));
-                    if edges.remove(&(u.clone(), v.clone())).is_some() {
-                        batch.push(((u.clone(), v.clone()), -1));
+                    if let Some(w) = edges.remove(&(u.clone(), v.clone())) {
+                        batch.push(((u.clone(), v.clone(), w), -1));
                         if rng.gen_bool(0.5) {
-                            // a weight change: the same pair comes back
-                            edges.insert((u.clone(), v.clone()), 2);
-                            batch.push(((u, v), 1));
+                            // A weight change: the same pair comes back, its new row first or last.
+                            let w = rng.gen_range(1..4);
+                            edges.insert((u.clone(), v.clone()), w);
+                            let at = if rng.gen_bool(0.5) { batch.len() - 1 } else { batch.len() };
+                            batch.insert(at, ((u, v, w), 1));
                         }
                     } else {
-                        edges.insert((u.clone(), v.clone()), 1);
-                        batch.push(((u, v), 1));
+                        let w = rng.gen_range(1..4);
+                        edges.insert((u.clone(), v.clone()), w);
+                        batch.push(((u, v, w), 1));
                     }
                 }
-                let batch = batch.into_iter().map(|((u, v), d)| ((Name::from(u), Name::from(v)), d)).collect();
-                for (v, a, old, new) in ego.apply(batch) {
-                    let (v, a) = (v.to_string(), a.to_string());
-                    assert_eq!(rows.get(&(v.clone(), a.clone())).map(String::as_str), old.as_deref());
-                    match new {
-                        Some(c) => rows.insert((v, a), c.to_string()),
-                        None => rows.remove(&(v, a)),
-                    };
+                let batch = batch.into_iter().map(|((u, v, w), d)| ((Name::from(u), Name::from(v), w), d)).collect();
+                for (row, d) in ego.apply(batch) {
+                    let n = emitted.entry(row.clone()).or_default();
+                    *n += d;
+                    if *n == 0 {
+                        emitted.remove(&row);
+                    }
                 }
                 let mut adj: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
                 for (u, v) in edges.keys() {
                     adj.entry(u).or_default().insert(v);
                     adj.entry(v).or_default().insert(u);
                 }
-                let mut want: BTreeMap<(String, String), String> = BTreeMap::new();
+                let mut comps: BTreeMap<(&str, &str), &str> = BTreeMap::new();
                 for (v, nbrs) in &adj {
                     let links =
                         nbrs.iter().flat_map(|a| adj[a].iter().filter(|b| nbrs.contains(*b)).map(move |b| (*a, *b)));
                     for (a, c) in crate::hierarchy::ego_components(nbrs.iter().copied(), links, pool) {
-                        want.insert((v.to_string(), a.to_string()), c.to_string());
+                        comps.insert((v, a), c);
                     }
                 }
-                assert_eq!(rows, want, "seed {seed}");
+                let rep = |v: &str, c: &str| (Name::from(v), Name::from(c));
+                let mut want: BTreeMap<ReplicaRow, isize> = BTreeMap::new();
+                for ((v, _), c) in &comps {
+                    want.insert((rep(v, c), None), 1);
+                }
+                for ((u, v), w) in &edges {
+                    let (ru, rv) = (rep(u, comps[&(u.as_str(), v.as_str())]), rep(v, comps[&(v.as_str(), u.as_str())]));
+                    want.insert((ru.clone(), Some((rv.clone(), *w))), 1);
+                    want.insert((rv, Some((ru, *w))), 1);
+                }
+                assert_eq!(emitted, want, "seed {seed}");
+                shared_components |= comps.values().collect::<BTreeSet<_>>().len() < comps.len();
             }
-            assert!(
-                rows.values().collect::<BTreeSet<_>>().len() < rows.len(),
-                "some components hold several neighbours"
-            );
+            assert!(shared_components, "some components hold several neighbours");
+            if edges.is_empty() {
+                assert!(ego.is_empty());
+            }
         }
     }
 }

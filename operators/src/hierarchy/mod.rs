@@ -38,7 +38,6 @@ pub mod ego;
 pub mod links;
 pub mod lpa;
 pub mod reference;
-pub mod replica_edges;
 
 use serde::{Deserialize, Serialize};
 
