@@ -2,7 +2,8 @@
 //! layer-0 node or edge updates exactly the ego networks, replicas, labels, clusters and upper layers it affects.
 //! The layers are unrolled into `max-layers` stages, each incremental on its own. Two steps are stateful operators
 //! per space rather than joins, because their joins were the cost: the ego networks with the replica graph they make
-//! ([`ego_replicas`]) and label propagation ([`super::lpa`]), which keeps every round's labels and recomputes only what an epoch's changes reach.
+//! ([`ego_replicas`]) and label propagation ([`super::lpa`]), which keeps every round's labels and recomputes only
+//! what an epoch's changes reach.
 
 use std::collections::{BTreeMap, HashMap};
 
