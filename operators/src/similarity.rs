@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::fasthash::{HashMap, HashSet};
 use crate::model::{Edge, Embedding, Node, UnitCosine, POSITION_SCALE};
 use crate::name::Name;
+use crate::slots::SortedSet;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -191,13 +192,16 @@ fn better(a: &Scored, b: &Scored) -> bool {
 struct Class {
     emb: Embedding,
     /// Members by id: a list takes a class's smallest ids first.
-    members: BTreeSet<Name>,
+    members: SortedSet<Name>,
     /// Members by the weakest neighbour of their list, weakest first: the members an insert can enter.
-    by_weakest: BTreeSet<(Weakest, Name)>,
+    by_weakest: SortedSet<(Weakest, Name)>,
 }
 
+/// What the index keeps of a node: where it sits (its document, shared with the document map, and its position)
+/// and its vector's class. The rest of the node (its text, speaker, time) is the views'.
 struct Entry {
-    node: Node,
+    doc: Name,
+    pos: i64,
     /// The class (HNSW data id) of its vector; `None` for a zero vector, which no cosine can reach.
     class: Option<usize>,
 }
@@ -214,10 +218,10 @@ pub struct SimilarityIndex {
     tombstones: usize,
     entries: HashMap<Name, Entry>,
     /// doc → (position, id) of its nodes: the positional window is a range scan.
-    by_doc: HashMap<String, BTreeSet<(i64, Name)>>,
+    by_doc: HashMap<Name, BTreeSet<(i64, Name)>>,
     topk: HashMap<Name, Vec<Scored>>,
     /// x → the nodes whose top-k lists hold x.
-    holders: HashMap<Name, HashSet<Name>>,
+    holders: HashMap<Name, SortedSet<Name>>,
     /// (what it takes to enter a node's list — its k-th score in millionths, 0 while the list is short —, node),
     /// easiest first: the reverse lookup of an insert scans the easiest nodes and asks the index only for the rest.
     bars: BTreeSet<(u32, Name)>,
@@ -256,6 +260,10 @@ impl SimilarityIndex {
             let list = self.topk.entry(id.clone()).or_default();
             let (b0, w0) = (bar(list, k), weakest(list, k));
             change(list);
+            // A list collected from a longer candidate list keeps that list's room: a list holds at most `k`.
+            if list.capacity() > k.max(list.len()) {
+                list.shrink_to(k.max(list.len()));
+            }
             (b0, w0, bar(list, k), weakest(list, k))
         };
         if b0 != b1 || !self.bars.contains(&(b0, id.clone())) {
@@ -325,7 +333,7 @@ impl SimilarityIndex {
                 self.delete(&id, &mut before, &mut dirty);
             }
             if bulk {
-                self.place(id.clone(), node, emb);
+                self.place(id.clone(), &node, emb);
                 fresh.push(id);
             } else {
                 self.insert(id, node, emb, &mut before);
@@ -395,7 +403,7 @@ impl SimilarityIndex {
             (Some(x), Some(y)) => self.class(x).emb.cos(&self.class(y).emb),
             _ => 0.0,
         };
-        self.params.mix(cos, self.params.positional_term((&a.node.doc, a.node.pos), (&b.node.doc, b.node.pos)))
+        self.params.mix(cos, self.params.positional_term((a.doc.as_str(), a.pos), (b.doc.as_str(), b.pos)))
     }
 
     fn delete(&mut self, id: &str, before: &mut Before, dirty: &mut BTreeSet<Name>) {
@@ -436,10 +444,10 @@ impl SimilarityIndex {
                 }
             }
         }
-        if let Some(set) = self.by_doc.get_mut(&entry.node.doc) {
-            set.remove(&(entry.node.pos, id.clone()));
+        if let Some(set) = self.by_doc.get_mut(&entry.doc) {
+            set.remove(&(entry.pos, id.clone()));
             if set.is_empty() {
-                self.by_doc.remove(&entry.node.doc);
+                self.by_doc.remove(&entry.doc);
             }
         }
         dirty.remove(&id);
@@ -456,28 +464,32 @@ impl SimilarityIndex {
         }
         let slot = self.classes.len();
         self.hnsw.insert_slice((std::slice::from_ref(&emb), slot));
-        self.classes.push(Some(Class { emb, members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
+        self.classes.push(Some(Class { emb, members: SortedSet::default(), by_weakest: SortedSet::default() }));
         self.by_vector.entry(h).or_default().push(slot);
         slot
     }
 
     /// Puts a node into its class and the document map, with no list yet.
-    fn place(&mut self, id: Name, node: Node, emb: Embedding) {
+    fn place(&mut self, id: Name, node: &Node, emb: Embedding) {
         let class = (!emb.is_zero()).then(|| self.class_for(emb));
         self.enter(id, node, class);
     }
 
     /// Enters a node into its (live) class and the document map, with no list yet.
-    fn enter(&mut self, id: Name, node: Node, class: Option<usize>) {
+    fn enter(&mut self, id: Name, node: &Node, class: Option<usize>) {
         if let Some(c) = class {
             self.classes[c].as_mut().expect("a live class").members.insert(id.clone());
         }
-        self.by_doc.entry(node.doc.clone()).or_default().insert((node.pos, id.clone()));
-        self.entries.insert(id, Entry { node, class });
+        let doc = match self.by_doc.get_key_value(node.doc.as_str()) {
+            Some((doc, _)) => doc.clone(),
+            None => Name::from(node.doc.as_str()),
+        };
+        self.by_doc.entry(doc.clone()).or_default().insert((node.pos, id.clone()));
+        self.entries.insert(id, Entry { doc, pos: node.pos, class });
     }
 
     fn insert(&mut self, id: Name, node: Node, emb: Embedding, before: &mut Before) {
-        self.place(id.clone(), node, emb);
+        self.place(id.clone(), &node, emb);
 
         let cands = self.candidates(&id, true);
         let k = self.params.k;
@@ -555,9 +567,9 @@ impl SimilarityIndex {
             }
         };
         let (window, min_cos) = self.params.window();
-        if let Some(same_doc) = self.by_doc.get(&me.node.doc) {
-            let lo = (me.node.pos.saturating_sub(window), Name::default());
-            let hi = me.node.pos.saturating_add(window);
+        if let Some(same_doc) = self.by_doc.get(&me.doc) {
+            let lo = (me.pos.saturating_sub(window), Name::default());
+            let hi = me.pos.saturating_add(window);
             for (_, other) in same_doc.range(lo..).take_while(|(p, _)| *p <= hi) {
                 consider(other, &mut seen, &mut out);
             }
@@ -594,7 +606,7 @@ impl SimilarityIndex {
                     continue;
                 }
                 let mut taken = 0;
-                for m in &class.members {
+                for m in class.members.iter() {
                     if taken == k {
                         break;
                     }
@@ -605,7 +617,7 @@ impl SimilarityIndex {
                 }
                 if reverse {
                     let beaten = (Some((score.to_bits(), Reverse(id.clone()))), Name::default());
-                    for (_, m) in class.by_weakest.range(..beaten) {
+                    for (_, m) in class.by_weakest.below(Some(&beaten)) {
                         if m != id && seen.insert(m.clone()) {
                             out.push(Scored { score, id: m.clone() });
                         }
@@ -654,7 +666,7 @@ impl SimilarityIndex {
             let slot = self.classes.len();
             self.hnsw.insert_slice((std::slice::from_ref(&class.emb), slot));
             self.by_vector.entry(class.emb.content_hash()).or_default().push(slot);
-            for m in &class.members {
+            for m in class.members.iter() {
                 self.entries.get_mut(m).expect("a member is live").class = Some(slot);
             }
             self.classes.push(Some(class));
@@ -759,12 +771,16 @@ impl SimilarityIndex {
         index.hnsw = Self::new_hnsw(&index.params, state.points.len());
         for (slot, emb) in state.points.iter().enumerate() {
             index.hnsw.insert_slice((std::slice::from_ref(emb), slot));
-            index.classes.push(Some(Class { emb: emb.clone(), members: BTreeSet::new(), by_weakest: BTreeSet::new() }));
+            index.classes.push(Some(Class {
+                emb: emb.clone(),
+                members: SortedSet::default(),
+                by_weakest: SortedSet::default(),
+            }));
         }
         let mut names: Vec<Option<Name>> = vec![None; state.nodes.len()];
         for (i, node, class) in placed {
             let id: Name = Name::from(node.id.as_str());
-            index.enter(id.clone(), node.clone(), class);
+            index.enter(id.clone(), node, class);
             names[i] = Some(id);
         }
         let names: Vec<Name> = names.into_iter().map(|n| n.expect("every node placed")).collect();

@@ -6,6 +6,15 @@ use std::hash::{BuildHasher, Hash};
 
 pub use crate::fasthash::{HashMap, HashSet};
 
+/// Room for one more element in `v`, grown by an eighth of its length rather than doubled: the per-node vectors
+/// of the state (neighbours, members, edges) are many and small and mostly done growing, and a doubled vector
+/// leaves a quarter of its room empty on average. The copies cost about eight per element over its growth.
+pub fn reserve_one<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 8).max(2));
+    }
+}
+
 /// A small map from slots to values, kept as a vector sorted by slot: a node's neighbours, a cluster's members, a
 /// cluster's link counts. An entry costs its own bytes, where a hash map per node costs buckets, control bytes and
 /// a table that only grows; the degrees it serves are tens, so a binary search is as quick as a hash. It iterates in
@@ -37,7 +46,10 @@ impl<V: Copy> SlotMap<V> {
     pub fn insert(&mut self, k: u32, v: V) {
         match self.find(k) {
             Ok(i) => self.entries[i].1 = v,
-            Err(i) => self.entries.insert(i, (k, v)),
+            Err(i) => {
+                reserve_one(&mut self.entries);
+                self.entries.insert(i, (k, v))
+            }
         }
     }
 
@@ -258,6 +270,155 @@ impl<K: Hash + Eq + Clone + Default> Slots<K> {
     }
 }
 
+/// An ordered set that is a sorted vector while it is small and a B-tree once it is large: a set of a few elements
+/// costs their own bytes (a B-tree's first leaf holds room for eleven), and a set of thousands (the members of one
+/// repeated text, the lists that hold one of them) still inserts and removes in logarithmic time.
+#[derive(Clone, Debug)]
+pub enum SortedSet<T> {
+    Small(Vec<T>),
+    Large(std::collections::BTreeSet<T>),
+}
+
+/// A small set turns into a B-tree past this many elements, and back below half of it.
+const LARGE_SET: usize = 32;
+
+impl<T> Default for SortedSet<T> {
+    fn default() -> Self {
+        SortedSet::Small(Vec::new())
+    }
+}
+
+impl<T: Ord> SortedSet<T> {
+    /// Adds `x`; false if it was there.
+    pub fn insert(&mut self, x: T) -> bool {
+        match self {
+            SortedSet::Small(v) => match v.binary_search(&x) {
+                Ok(_) => false,
+                Err(i) if v.len() < LARGE_SET => {
+                    reserve_one(v);
+                    v.insert(i, x);
+                    true
+                }
+                Err(_) => {
+                    let mut tree: std::collections::BTreeSet<T> = std::mem::take(v).into_iter().collect();
+                    tree.insert(x);
+                    *self = SortedSet::Large(tree);
+                    true
+                }
+            },
+            SortedSet::Large(t) => t.insert(x),
+        }
+    }
+
+    /// Removes `x`; false if it was not there.
+    pub fn remove<Q: Ord + ?Sized>(&mut self, x: &Q) -> bool
+    where
+        T: Borrow<Q>,
+    {
+        match self {
+            SortedSet::Small(v) => match v.binary_search_by(|e| e.borrow().cmp(x)) {
+                Ok(i) => {
+                    v.remove(i);
+                    if v.capacity() > 2 * v.len().max(2) {
+                        v.shrink_to_fit();
+                    }
+                    true
+                }
+                Err(_) => false,
+            },
+            SortedSet::Large(t) => {
+                let removed = t.remove(x);
+                if t.len() < LARGE_SET / 2 {
+                    *self = SortedSet::Small(std::mem::take(t).into_iter().collect());
+                }
+                removed
+            }
+        }
+    }
+
+    pub fn contains<Q: Ord + ?Sized>(&self, x: &Q) -> bool
+    where
+        T: Borrow<Q>,
+    {
+        match self {
+            SortedSet::Small(v) => v.binary_search_by(|e| e.borrow().cmp(x)).is_ok(),
+            SortedSet::Large(t) => t.contains(x),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            SortedSet::Small(v) => v.len(),
+            SortedSet::Large(t) => t.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn first(&self) -> Option<&T> {
+        match self {
+            SortedSet::Small(v) => v.first(),
+            SortedSet::Large(t) => t.first(),
+        }
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.below(None)
+    }
+
+    /// The elements below `bound` (all with `None`), in order.
+    pub fn below<'a>(&'a self, bound: Option<&T>) -> impl Iterator<Item = &'a T> + 'a {
+        let (small, large) = match self {
+            SortedSet::Small(v) => {
+                let end = bound.map_or(v.len(), |b| v.partition_point(|e| e < b));
+                (Some(v[..end].iter()), None)
+            }
+            SortedSet::Large(t) => (
+                None,
+                Some(match bound {
+                    Some(b) => t.range(..b),
+                    None => t.range(..),
+                }),
+            ),
+        };
+        small.into_iter().flatten().chain(large.into_iter().flatten())
+    }
+}
+
+impl<'a, T: Ord> IntoIterator for &'a SortedSet<T> {
+    type Item = &'a T;
+    type IntoIter = Box<dyn Iterator<Item = &'a T> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl<T: Ord + serde::Serialize> serde::Serialize for SortedSet<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<T: Ord> IntoIterator for SortedSet<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<
+        std::iter::Flatten<std::option::IntoIter<std::vec::IntoIter<T>>>,
+        std::iter::Flatten<std::option::IntoIter<std::collections::btree_set::IntoIter<T>>>,
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let (small, large) = match self {
+            SortedSet::Small(v) => (Some(v.into_iter()), None),
+            SortedSet::Large(t) => (None, Some(t.into_iter())),
+        };
+        small.into_iter().flatten().chain(large.into_iter().flatten())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -274,6 +435,33 @@ mod tests {
         assert!(!rows.bump(8, 1) && matches!(rows, Rows::Many(_)));
         assert!(!rows.bump(7, -1) && matches!(rows, Rows::One(8, 1)));
         assert!(rows.bump(8, -1));
+    }
+
+    #[test]
+    fn a_sorted_set_holds_what_a_btree_set_holds_small_or_large() {
+        use std::collections::BTreeSet;
+        for seed in 0..20 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (mut set, mut model) = (SortedSet::default(), BTreeSet::<u32>::new());
+            // Grown past the B-tree's threshold and shrunk back below it, more than once.
+            let span = if seed % 2 == 0 { 16 } else { 120 };
+            for step in 0..3000 {
+                let x = rng.gen_range(0..span);
+                let grow = (step / 500) % 2 == 0;
+                if rng.gen_bool(if grow { 0.7 } else { 0.3 }) {
+                    assert_eq!(set.insert(x), model.insert(x));
+                } else {
+                    assert_eq!(set.remove(&x), model.remove(&x));
+                }
+                assert_eq!(set.len(), model.len());
+                assert_eq!(set.contains(&x), model.contains(&x));
+                assert_eq!(set.first(), model.first());
+                let b = rng.gen_range(0..span);
+                assert!(set.below(Some(&b)).eq(model.range(..b)));
+                assert!(set.iter().eq(model.iter()));
+            }
+            assert!(set.clone().into_iter().eq(model.clone().into_iter()));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use operators::fasthash::HashMap;
 use operators::model::ErrorRow;
 use operators::request::ModelRequest;
+use operators::slots::SortedSet;
 use operators::{Edge, Embedding, Node};
 use serde::{Deserialize, Serialize};
 
@@ -102,11 +103,69 @@ pub fn texts_to_embed(updates: &[(ViewUpdate, isize)]) -> Vec<String> {
         .collect()
 }
 
+/// A node's neighbours in its layer's graph and their weights, as a vector sorted by name: a node's few tens of
+/// links cost their own bytes, where a B-tree map costs leaves with room to spare.
+#[derive(Clone, Debug, Default)]
+pub struct Links(Vec<(operators::Name, u32)>);
+
+impl Links {
+    fn find(&self, b: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(b))
+    }
+
+    pub fn get(&self, b: &str) -> Option<u32> {
+        self.find(b).ok().map(|i| self.0[i].1)
+    }
+
+    /// Adds `b` with weight `w`, or gives it that weight.
+    fn insert(&mut self, b: operators::Name, w: u32) {
+        match self.find(&b) {
+            Ok(i) => self.0[i].1 = w,
+            Err(i) => {
+                operators::slots::reserve_one(&mut self.0);
+                self.0.insert(i, (b, w))
+            }
+        }
+    }
+
+    fn remove(&mut self, b: &str) {
+        if let Ok(i) = self.find(b) {
+            self.0.remove(i);
+            if self.0.capacity() > 2 * self.0.len().max(2) {
+                self.0.shrink_to_fit();
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The neighbours and weights, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&operators::Name, &u32)> + '_ {
+        self.0.iter().map(|(n, w)| (n, w))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &operators::Name> + '_ {
+        self.0.iter().map(|(n, _)| n)
+    }
+
+    /// The neighbours named after `a`, by name: each undirected link once, from its smaller end.
+    pub fn after<'a>(&'a self, a: &str) -> impl Iterator<Item = (&'a operators::Name, &'a u32)> + 'a {
+        let from = self.0.partition_point(|(n, _)| n.as_str() <= a);
+        self.0[from..].iter().map(|(n, w)| (n, w))
+    }
+}
+
 /// A node of layer ≥ 1: a cluster of the layer below.
 #[derive(Default, Clone)]
 pub struct ClusterView {
     pub layer: u32,
-    pub members: BTreeSet<operators::Name>,
+    pub members: SortedSet<operators::Name>,
     pub summary: Option<(String, Embedding)>,
     /// When its members last changed in the views: a cluster whose members have settled is summarised without
     /// waiting out the debounce again for each new text of a member ([`operators::summary::Scheduler`]).
@@ -139,14 +198,14 @@ pub struct SpaceView {
     pub with_before: HashMap<String, f32>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). Node and
     /// cluster names here, in `clusters`' members and in `parents` are shared ([`SpaceView::names`]).
-    pub adjacency: HashMap<operators::Name, BTreeMap<operators::Name, u32>>,
+    pub adjacency: HashMap<operators::Name, Links>,
     /// The names the adjacency lists, memberships and parents hold, one allocation each.
     names: operators::name::Interner,
     /// Layer-0 edges.
     pub edges: usize,
     pub clusters: HashMap<String, ClusterView>,
     /// node or cluster → the clusters that hold it.
-    pub parents: HashMap<operators::Name, BTreeSet<operators::Name>>,
+    pub parents: HashMap<operators::Name, SortedSet<operators::Name>>,
     /// content key → request: the summariser's work list.
     pub requests: BTreeMap<String, std::sync::Arc<ModelRequest>>,
     /// Events by id, and their relations.
@@ -293,7 +352,7 @@ impl SpaceView {
             }
             None => {
                 let a = self.names.name(a);
-                self.adjacency.insert(a, BTreeMap::from([(name, w)]));
+                self.adjacency.insert(a, Links(vec![(name, w)]));
             }
         }
     }
@@ -302,7 +361,7 @@ impl SpaceView {
     fn unlink(&mut self, a: &str, b: &str, w: u32) -> bool {
         let Some(m) = self.adjacency.get_mut(a) else { return false };
         let mut removed = false;
-        if m.get(b) == Some(&w) {
+        if m.get(b) == Some(w) {
             m.remove(b);
             removed = true;
         }
@@ -598,8 +657,7 @@ impl Views {
                 updates.push(ViewUpdate::Node(s(), node.clone(), emb.clone()));
             }
             for (a, links) in &v.adjacency {
-                for (b, w) in links.range::<str, _>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded))
-                {
+                for (b, w) in links.after(a) {
                     if v.nodes.contains_key(a.as_str()) && v.nodes.contains_key(b.as_str()) {
                         let (u, v) = (a.to_string(), b.to_string());
                         updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));

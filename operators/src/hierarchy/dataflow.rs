@@ -14,7 +14,7 @@ use timely::progress::Timestamp;
 
 use crate::dataflow::per_space_in_time_order;
 
-use super::ego::{Ego, ReplicaRow};
+use super::ego::{Ego, EgoInput, ReplicaRow};
 use super::links::{Layer, LayerInput, LayerOutput};
 use super::lpa::Lpa;
 use super::{cluster_ids, label_parts, HierarchyParams, Replica};
@@ -71,12 +71,11 @@ fn cluster_layer<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    // The replica graph: replicas `(s, (v, c))` and directed replica edges `((s, x), (y, w))`, both directions.
-    let ego = ego_replicas(edges.clone(), params.pool_loose_neighbours);
+    // The replica graph: replicas `(s, (v, c))` (an isolated node's `(v, "")` too) and directed replica edges
+    // `((s, x), (y, w))`, both directions.
+    let ego = ego_replicas(nodes, edges, params.pool_loose_neighbours);
     let radj = ego.clone().flat_map(|(s, (x, e))| e.map(|(y, w)| ((s, x), (y, w))));
-    let with_edges = edges.flat_map(|(s, u, v, _)| [(s.clone(), u), (s, v)]).distinct();
-    let isolated = nodes.map(|(s, v)| ((s, v), ())).antijoin(with_edges).map(|((s, v), ())| (s, (v, Name::default())));
-    let replicas = ego.flat_map(|(s, (r, e))| e.is_none().then_some((s, r))).concat(isolated);
+    let replicas = ego.flat_map(|(s, (r, e))| e.is_none().then_some((s, r)));
     let rule =
         if params.propagates(layer) { Rule::Propagate(params.lpa_rounds) } else { Rule::Link(params.max_cluster_size) };
     let labels = label_propagation(replicas, radj, rule);
@@ -115,8 +114,8 @@ where
         .flat_map(|((s, _anchor), (id, members))| members.into_iter().map(move |m| ((s.clone(), id.clone()), m)))
 }
 
-/// The replica graph of one layer: `(space, (replica, None))` for every replica `(v, c)` of a node with edges, `c`
-/// naming the component of `v`'s ego network it stands for ([`super::ego_components`]), and
+/// The replica graph of one layer: `(space, (replica, None))` for every replica `(v, c)`, `c` naming the component
+/// of `v`'s ego network it stands for ([`super::ego_components`]; "" for a node without edges), and
 /// `(space, (x, Some((y, weight))))` for the replica edges, both directions of each.
 ///
 /// A stateful operator per space ([`Ego`] over interned slots): it keeps the adjacency with its weights and each
@@ -124,19 +123,21 @@ where
 /// endpoints, and the common neighbours of the endpoints, whose ego network gained or lost a link — and emits the
 /// difference in replicas and replica edges. As a join this needs every wedge `(a, v, b)`, Σ deg² rows arranged in
 /// memory (tens of millions at 100k chunks); here the state is the adjacency and the components, O(edges).
-fn ego_replicas<'s, T>(edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, (Name, ReplicaRow)>
+fn ego_replicas<'s, T>(nodes: Nodes<'s, T>, edges: Edges<'s, T>, pool: bool) -> VecCollection<'s, T, (Name, ReplicaRow)>
 where
     T: Timestamp + Lattice + TotalOrder,
 {
+    let rows =
+        nodes.map(|(s, v)| (s, EgoInput::Node(v))).concat(edges.map(|(s, u, v, w)| (s, EgoInput::Edge(u, v, w))));
     let mut spaces: HashMap<String, Ego> = HashMap::new();
     per_space_in_time_order(
-        edges,
+        rows,
         "EgoReplicas",
-        |(s, _, _, _)| s,
+        |(s, _)| s,
         move |space, rows| {
             let sp = Name::new(space);
             let ego = spaces.entry(space.to_string()).or_insert_with(|| Ego::new(pool));
-            let changes = ego.apply(rows.into_iter().map(|((_, u, v, w), d)| ((u, v, w), d)).collect());
+            let changes = ego.apply(rows.into_iter().map(|((_, row), d)| (row, d)).collect());
             if ego.is_empty() {
                 spaces.remove(space);
             }
@@ -273,12 +274,14 @@ pub fn summaries<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    // One summary per content hash, whatever the log holds.
-    let summaries = summaries.reduce(|_k, vals: &[(&Name, isize)], out: &mut Vec<(Name, isize)>| {
-        if let Some((t, _)) = vals.iter().find(|(_, d)| *d > 0) {
-            out.push(((*t).clone(), 1));
-        }
-    });
+    // One summary per content hash, whatever the log holds; arranged once, for every layer's join.
+    let summaries = summaries
+        .reduce(|_k, vals: &[(&Name, isize)], out: &mut Vec<(Name, isize)>| {
+            if let Some((t, _)) = vals.iter().find(|(_, d)| *d > 0) {
+                out.push(((*t).clone(), 1));
+            }
+        })
+        .arrange_by_key();
     let mut below = texts0;
     let mut texts = Vec::new();
     let mut requests = Vec::new();
@@ -287,9 +290,14 @@ where
         let member_of = clusters.clone().map(|(s, c, m)| ((s, m), c));
         let with_text =
             member_of.clone().join_map(below, |(s, m), c, t| ((s.clone(), c.clone()), (m.clone(), Some(t.clone()))));
-        let content = member_of
-            .map(|((s, m), c)| ((s, c), (m, None::<Name>)))
-            .concat(with_text)
+        // A cluster is content once every member has a text. Every layer-0 node has its text, so layer 1 needs no
+        // row per member without one; above it a member (a cluster below) waits for its summary.
+        let rows = if layer == 1 {
+            with_text
+        } else {
+            member_of.clone().map(|((s, m), c)| ((s, c), (m, None::<Name>))).concat(with_text)
+        };
+        let content = rows
             .reduce(|_k, vals: &[(&(Name, Option<Name>), isize)], out: &mut Vec<((Name, Vec<(Name, Name)>), isize)>| {
                 // Sorted by member, `None` before `Some`: each member must have a text.
                 let mut members: Vec<(Name, Name)> = Vec::new();
@@ -324,18 +332,21 @@ where
         } else {
             (content, None)
         };
-        let mut summarized =
-            content.clone().join_map(summaries.clone(), |(s, _h), (c, _ms), t| ((s.clone(), c.clone()), t.clone()));
+        // Content with a summary takes it; content without one is requested. Both read one arrangement of the
+        // content and the summaries' (a summary per key, so joining it is a semijoin).
+        let arranged = content.clone().arrange_by_key();
+        let mut summarized = arranged
+            .clone()
+            .join_core(summaries.clone(), |(s, _h), (c, _ms), t| Some(((s.clone(), c.clone()), t.clone())));
         if let Some(single) = single {
             summarized = summarized.concat(single);
         }
-        requests.push(
-            content.antijoin(summaries.clone().map(|(k, _)| k)).map(move |((s, h), (c, ms))| (s, layer, c, h, ms)),
-        );
+        let answered = arranged.join_core(summaries.clone(), |k, v, _t| Some((k.clone(), v.clone())));
+        requests.push(content.concat(answered.negate()).map(move |((s, h), (c, ms))| (s, layer, c, h, ms)));
         texts.push(summarized.clone().map(move |(k, t)| (k, (layer, t))));
         below = summarized;
     }
-    let scope = summaries.scope();
+    let scope = summaries.stream.scope();
     Summaries {
         texts: differential_dataflow::collection::concatenate(scope, texts),
         requests: differential_dataflow::collection::concatenate(scope, requests),

@@ -4,12 +4,17 @@
 //! used by the sequential reference); the replicas `(v, component)`; and for every edge `(u, v, w)` the replica edge
 //! between u's replica for the component holding v and v's replica for the component holding u, with weight `w`.
 //!
+//! A node of the layer with no edge is one replica `(v, "")`, as a node whose ego network is one component: the
+//! layer's nodes come in beside its edges, so that the replicas are every node's, isolated or not.
+//!
 //! One operator holds all three because they are one state: the components are a function of the adjacency, and a
 //! replica edge of an edge's weight rows and the components at its two ends. As separate operators the components
 //! flowed between them as rows and were kept twice (here, and keyed by `(v, a)` beside the edges' weights there),
 //! and the replicas were a `distinct` arrangement of them.
 
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use super::{find_root, Replica};
 use crate::name::Name;
@@ -22,11 +27,20 @@ pub type ReplicaRow = (Replica, Option<(Replica, u64)>);
 /// The component of an ego network that is its only one (named "").
 const SOLE: u32 = u32::MAX;
 
+/// An input row: a node of the layer, or an edge `(u, v, weight)`, `u < v`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum EgoInput {
+    Node(Name),
+    Edge(Name, Name, u64),
+}
+
 #[derive(Default)]
 pub struct Ego {
     /// Whether loose neighbours are one component ([`super::ego_components`]).
     pool: bool,
     slots: Slots<Name>,
+    /// Each slot's multiplicity as a node of the layer.
+    present: Vec<i32>,
     /// Neighbours with the multiplicity of the edge rows that join them (a weight change retracts one row and
     /// inserts another).
     adj: Vec<Multiplicities>,
@@ -57,21 +71,33 @@ impl Ego {
         let (s, new) = self.slots.intern(n);
         if new {
             self.adj.push(Multiplicities::default());
+            self.present.push(0);
             self.emitted.push(Box::default());
             self.mark.push(0);
         }
         s
     }
 
-    /// Applies one epoch's edge changes `(u, v, weight)` (`u < v`) with multiplicities and returns the changes of
-    /// the replicas and of the directed replica edges. The ego networks recomputed are those of both endpoints of
-    /// every edge that appeared or went, and of the common neighbours of its endpoints (whose ego network gained or
-    /// lost the link); the replica edges rewritten are those whose weight or whose component at either end changed.
-    pub fn apply(&mut self, changes: Vec<((Name, Name, u64), isize)>) -> Vec<(ReplicaRow, isize)> {
+    /// Applies one epoch's changes of nodes and edges with multiplicities and returns the changes of the replicas
+    /// and of the directed replica edges. The ego networks recomputed are those of both endpoints of every edge that
+    /// appeared or went, and of the common neighbours of its endpoints (whose ego network gained or lost the link);
+    /// the replica edges rewritten are those whose weight or whose component at either end changed.
+    pub fn apply(&mut self, changes: Vec<(EgoInput, isize)>) -> Vec<(ReplicaRow, isize)> {
         let mut linked_before: BTreeMap<(u32, u32), bool> = BTreeMap::new();
         // Each edge whose rows or components change, with its weight rows before the epoch.
         let mut touched: HashMap<(u32, u32), Option<Rows<u64>>> = HashMap::default();
-        for ((u, v, w), d) in changes {
+        // The nodes whose multiplicity changed, with whether they were nodes of the layer before the epoch.
+        let mut present_before: BTreeMap<u32, bool> = BTreeMap::new();
+        for (row, d) in changes {
+            let (u, v, w) = match row {
+                EgoInput::Node(n) => {
+                    let s = self.slot_of(&n);
+                    present_before.entry(s).or_insert(self.present[s as usize] > 0);
+                    self.present[s as usize] = crate::slots::multiplicity(self.present[s as usize] as isize + d);
+                    continue;
+                }
+                EgoInput::Edge(u, v, w) => (u, v, w),
+            };
             let (su, sv) = (self.slot_of(&u), self.slot_of(&v));
             let key = (su.min(sv), su.max(sv));
             linked_before.entry(key).or_insert_with(|| self.adj[su as usize].contains_key(sv));
@@ -93,6 +119,12 @@ impl Ego {
             let (small, large) = if nu.len() <= nv.len() { (nu, nv) } else { (nv, nu) };
             affected.extend(small.keys().filter(|w| large.contains_key(*w)));
         }
+        for (&s, &was) in &present_before {
+            seen.push(s);
+            if (self.present[s as usize] > 0) != was {
+                affected.push(s);
+            }
+        }
         affected.sort_unstable();
         affected.dedup();
         let mut out: Vec<(ReplicaRow, isize)> = Vec::new();
@@ -111,14 +143,19 @@ impl Ego {
                     comps_before.insert((v, a), None);
                 }
             }
-            // The replicas: v's distinct components.
-            let distinct = |rows: &[(u32, u32)]| {
+            // The replicas: v's distinct components, or the one replica of a node without edges.
+            let distinct = |rows: &[(u32, u32)], present: bool| {
                 let mut cs: Vec<u32> = rows.iter().map(|r| r.1).collect();
                 cs.sort_unstable();
                 cs.dedup();
+                if cs.is_empty() && present {
+                    cs.push(SOLE);
+                }
                 cs
             };
-            let (was, is) = (distinct(&before), distinct(&now));
+            let present_now = self.present[v as usize] > 0;
+            let was_present = present_before.get(&v).copied().unwrap_or(present_now);
+            let (was, is) = (distinct(&before, was_present), distinct(&now, present_now));
             for c in was.iter().filter(|c| is.binary_search(c).is_err()) {
                 out.push((((self.name(v), self.name(*c)), None), -1));
             }
@@ -150,7 +187,7 @@ impl Ego {
             }
         }
         for s in seen {
-            if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() {
+            if self.adj[s as usize].is_empty() && self.emitted[s as usize].is_empty() && self.present[s as usize] == 0 {
                 self.slots.release(s);
             }
         }
@@ -212,9 +249,9 @@ mod tests {
 
     use super::*;
 
-    /// Seeded random edge inserts, deletes and weight changes (within one batch too): after every batch the
-    /// replicas and replica edges emitted so far equal those of [`super::super::ego_components`] over the whole
-    /// graph, joined with the edges' weights at both ends.
+    /// Seeded random node and edge inserts and deletes and weight changes (within one batch too): after every batch
+    /// the replicas and replica edges emitted so far equal those of [`super::super::ego_components`] over the whole
+    /// graph, joined with the edges' weights at both ends, and a replica `(v, "")` for every node without edges.
     #[test]
     fn incremental_replicas_equal_the_reference_rule() {
         for seed in 0..12 {
@@ -222,10 +259,21 @@ mod tests {
             let mut rng = StdRng::seed_from_u64(seed);
             let mut ego = Ego::new(pool);
             let mut edges: BTreeMap<(String, String), u64> = BTreeMap::new();
+            let mut nodes: BTreeSet<String> = BTreeSet::new();
+            let mut isolated_seen = false;
             let mut emitted: BTreeMap<ReplicaRow, isize> = BTreeMap::new();
             let mut shared_components = false;
             for _ in 0..40 {
                 let mut batch = Vec::new();
+                let mut node_rows = Vec::new();
+                for _ in 0..rng.gen_range(0..6) {
+                    let n = format!("n{:02}", rng.gen_range(0..45));
+                    let d = if nodes.remove(&n) { -1 } else { 1 };
+                    if d > 0 {
+                        nodes.insert(n.clone());
+                    }
+                    node_rows.push((EgoInput::Node(Name::from(n)), d));
+                }
                 for _ in 0..rng.gen_range(1..15) {
                     let a = rng.gen_range(0..40);
                     let b = (a / 10) * 10 + rng.gen_range(0..10);
@@ -249,7 +297,15 @@ mod tests {
                         batch.push(((u, v, w), 1));
                     }
                 }
-                let batch = batch.into_iter().map(|((u, v, w), d)| ((Name::from(u), Name::from(v), w), d)).collect();
+                let mut batch: Vec<(EgoInput, isize)> = batch
+                    .into_iter()
+                    .map(|((u, v, w), d)| (EgoInput::Edge(Name::from(u), Name::from(v), w), d))
+                    .collect();
+                // The node rows anywhere in the batch.
+                for row in node_rows {
+                    let at = rng.gen_range(0..=batch.len());
+                    batch.insert(at, row);
+                }
                 for (row, d) in ego.apply(batch) {
                     let n = emitted.entry(row.clone()).or_default();
                     *n += d;
@@ -275,6 +331,10 @@ mod tests {
                 for ((v, _), c) in &comps {
                     want.insert((rep(v, c), None), 1);
                 }
+                for v in nodes.iter().filter(|v| !adj.contains_key(v.as_str())) {
+                    want.insert((rep(v, ""), None), 1);
+                    isolated_seen = true;
+                }
                 for ((u, v), w) in &edges {
                     let (ru, rv) = (rep(u, comps[&(u.as_str(), v.as_str())]), rep(v, comps[&(v.as_str(), u.as_str())]));
                     want.insert((ru.clone(), Some((rv.clone(), *w))), 1);
@@ -284,7 +344,8 @@ mod tests {
                 shared_components |= comps.values().collect::<BTreeSet<_>>().len() < comps.len();
             }
             assert!(shared_components, "some components hold several neighbours");
-            if edges.is_empty() {
+            assert!(isolated_seen, "some nodes have no edges");
+            if edges.is_empty() && nodes.is_empty() {
                 assert!(ego.is_empty());
             }
         }

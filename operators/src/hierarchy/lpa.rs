@@ -14,7 +14,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 use super::{active, link_groups, replica_hash, Replica};
-use crate::slots::{multiplicity, HashMap, Slots};
+use crate::slots::{multiplicity, reserve_one, HashMap, Slots};
 
 /// One replica graph and its labels.
 #[derive(Default)]
@@ -67,9 +67,11 @@ impl Lpa {
             self.present.push(0);
             self.adj.push(Vec::new());
             self.labels.push(Vec::new());
-            self.link.push(None);
-            self.linked_from.push(Vec::new());
-            self.hash.push(0);
+            if self.components {
+                self.link.push(None);
+                self.linked_from.push(Vec::new());
+                self.hash.push(0);
+            }
         }
         if fresh && self.components {
             self.hash[s as usize] = replica_hash(r);
@@ -106,7 +108,10 @@ impl Lpa {
                                 list.swap_remove(i);
                             }
                         }
-                        None => list.push((sy, w, multiplicity(d))),
+                        None => {
+                            reserve_one(list);
+                            list.push((sy, w, multiplicity(d)))
+                        }
                     }
                     dirty.insert(sx);
                 }

@@ -106,7 +106,7 @@ impl OperatorProfile {
             eprintln!("  {:>8.3}s  {:>4}  {}", d.as_secs_f64(), id, st.names.get(id).map_or("?", String::as_str));
         }
         {
-            // Busy time per stretch of operators between two EgoNetworks (one hierarchy layer each).
+            // Busy time per stretch of operators between two EgoReplicas (one hierarchy layer each).
             let mut ids: Vec<usize> = st.names.keys().copied().collect();
             ids.sort();
             let mut seg = 0;
@@ -116,7 +116,7 @@ impl OperatorProfile {
                 if id == 0 {
                     continue;
                 }
-                if st.names[&id].starts_with("EgoNetworks") {
+                if st.names[&id].starts_with("EgoReplicas") {
                     seg += 1;
                     segs.push(0.0);
                 }
@@ -149,8 +149,8 @@ impl OperatorProfile {
         held.sort_by_key(|h| std::cmp::Reverse(h.1));
         let total: isize = held.iter().map(|h| h.1).sum();
         eprintln!("  arrangements hold {total} updates in {} arrangements; the largest:", held.len());
-        let egos: Vec<usize> = st.names.iter().filter(|(_, n)| n.starts_with("EgoNetworks")).map(|(i, _)| *i).collect();
-        for (id, n) in held.iter().take(20) {
+        let egos: Vec<usize> = st.names.iter().filter(|(_, n)| n.starts_with("EgoReplicas")).map(|(i, _)| *i).collect();
+        for (id, n) in held.iter().take(60) {
             let stretch = egos.iter().filter(|e| **e < *id).count();
             eprintln!(
                 "  {n:>10}  {:>4}  stretch {stretch}  {}  ← {}",
