@@ -31,6 +31,32 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     pub mcp: McpConfig,
     pub checkpoint: CheckpointConfig,
+    pub allocator: AllocatorConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct AllocatorConfig {
+    /// How long freed memory stays with the allocator (mimalloc's `purge_delay`) before it goes back to the system;
+    /// `0s`: at once.
+    #[serde(with = "humantime_serde")]
+    pub purge_delay: Duration,
+}
+
+impl AllocatorConfig {
+    /// Sets the allocator's options for this process (the last call wins). Without the `mimalloc` feature the
+    /// system allocator is in use and this does nothing.
+    #[allow(unsafe_code)]
+    pub fn apply(&self) {
+        #[cfg(feature = "mimalloc")]
+        {
+            /// `mi_option_purge_delay` in mimalloc's `mi_option_t` (libmimalloc-sys names no constant for it).
+            const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+            let ms = self.purge_delay.as_millis().min(i32::MAX as u128) as std::ffi::c_long;
+            // SAFETY: sets one of mimalloc's option values, which it reads atomically; no memory is touched.
+            unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, ms) };
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -383,6 +409,9 @@ impl Config {
         errs.extend(self.hierarchy.params().validate());
         if !(self.hierarchy.summary_coverage > 0.0 && self.hierarchy.summary_coverage <= 1.0) {
             errs.push(format!("hierarchy.summary-coverage must be in (0, 1], got {}", self.hierarchy.summary_coverage));
+        }
+        if self.allocator.purge_delay > Duration::from_secs(3600) {
+            errs.push(format!("allocator.purge-delay must be at most 1h, got {:?}", self.allocator.purge_delay));
         }
         if !(self.checkpoint.compact_min_share > 0.0 && self.checkpoint.compact_min_share <= 1.0) {
             errs.push(format!(
@@ -766,6 +795,12 @@ mod tests {
         }
         let e = load(Some("[ingest]\nepoch-interval = \"soon\"\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("epoch-interval"), "{e}");
+        let e = load(None, &[("ENGRAM__ALLOCATOR__PURGE_DELAY", "2h")]).unwrap_err().to_string();
+        assert!(e.contains("allocator.purge-delay must be at most 1h"), "{e}");
+        let e = load(Some("[allocator]\npurge-delay = 10\n"), &[]).unwrap_err().to_string();
+        assert!(e.contains("purge-delay"), "{e}");
+        let c = load(None, &[("ENGRAM__ALLOCATOR__PURGE_DELAY", "0s")]).unwrap();
+        assert_eq!(c.allocator.purge_delay, Duration::ZERO);
         let e = load(Some("listen = 12\n"), &[]).unwrap_err().to_string();
         assert!(e.contains("listen"), "{e}");
         let e = load(None, &[("ENGRAM__HIERARCHY__MIN_SHRINK", "1.5")]).unwrap_err().to_string();

@@ -62,6 +62,7 @@ pub struct Engine {
 impl Engine {
     /// Opens the data directory (the logs replayed into the ingest queue); nothing runs yet.
     pub fn open(config: Config, place: Place) -> anyhow::Result<Engine> {
+        config.allocator.apply();
         Ok(Engine {
             shared: Shared::open(config, place)?,
             sources: Vec::new(),
