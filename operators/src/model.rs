@@ -317,31 +317,28 @@ impl Embedding {
 }
 
 impl Sparse {
-    fn mask(&self) -> &[u64] {
-        &self.data[..(self.dim as usize).div_ceil(64)]
-    }
-
-    /// The number of stored components.
-    fn len(&self) -> usize {
-        self.mask().iter().map(|m| m.count_ones() as usize).sum()
-    }
-
-    /// Stored component `k` (in index order).
+    /// The bitmap and the packed values.
     #[inline(always)]
-    fn value(&self, k: usize) -> f32 {
-        value_at(&self.data[(self.dim as usize).div_ceil(64)..], k)
+    fn parts(&self) -> (&[u64], &[u64]) {
+        self.data.split_at((self.dim as usize).div_ceil(64))
+    }
+
+    fn mask(&self) -> &[u64] {
+        self.parts().0
     }
 
     /// The stored components in index order.
     fn values(&self) -> impl Iterator<Item = f32> + '_ {
-        (0..self.len()).map(|k| self.value(k))
+        let (mask, packed) = self.parts();
+        let n: usize = mask.iter().map(|m| m.count_ones() as usize).sum();
+        (0..n).map(move |k| value_at(packed, k))
     }
 
     /// The stored components `(index, value)` in index order.
     fn stored(&self) -> impl Iterator<Item = (usize, f32)> + '_ {
+        let (mask, packed) = self.parts();
         let mut k = 0;
-        self.mask()
-            .iter()
+        mask.iter()
             .enumerate()
             .flat_map(move |(w, &word)| {
                 let mut m = word;
@@ -356,14 +353,13 @@ impl Sparse {
             })
             .map(move |i| {
                 k += 1;
-                (i, self.value(k - 1))
+                (i, value_at(packed, k - 1))
             })
     }
 
     /// The products of the components both store, summed in index order.
     fn dot(&self, other: &Sparse) -> f32 {
-        let (ma, va) = self.data.split_at((self.dim as usize).div_ceil(64));
-        let (mb, vb) = other.data.split_at((other.dim as usize).div_ceil(64));
+        let ((ma, va), (mb, vb)) = (self.parts(), other.parts());
         let mut acc = 0f32;
         // The stored components before the current word, in each.
         let (mut ra, mut rb) = (0usize, 0usize);

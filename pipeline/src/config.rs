@@ -53,7 +53,8 @@ impl AllocatorConfig {
             /// `mi_option_purge_delay` in mimalloc's `mi_option_t` (libmimalloc-sys names no constant for it).
             const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
             let ms = self.purge_delay.as_millis().min(i32::MAX as u128) as std::ffi::c_long;
-            // SAFETY: sets one of mimalloc's option values, which it reads atomically; no memory is touched.
+            // SAFETY: an aligned word store into mimalloc's option table (no allocation or pointer is involved);
+            // a thread purging at that moment reads the old delay or the new one, both valid.
             unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, ms) };
         }
     }
