@@ -5,7 +5,7 @@
 //! graph that changed. The engine's own measure of the same is `engram bench scale`'s `view_updates_per_record`;
 //! this one shows where along the layers a change grows, without the dataflow.
 //!
-//! `cargo run --release -p engram-operators --example churn -- FILE N K [LPA_LAYERS] [MAX_CLUSTER_SIZE] [MAX_DEGREE]`
+//! `cargo run --release -p engram-operators --example churn -- FILE N K [LPA_LAYERS] [MAX_CLUSTER_SIZE] [MAX_DEGREE] [REPLICA_LAYERS]`
 
 use std::collections::BTreeSet;
 
@@ -42,7 +42,7 @@ fn layers(g: &Graph, p: &HierarchyParams) -> (Vec<Clusters>, Vec<Graph>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: churn FILE N K [LPA_LAYERS] [MAX_CLUSTER_SIZE] [MAX_DEGREE]";
+    let usage = "usage: churn FILE N K [LPA_LAYERS] [MAX_CLUSTER_SIZE] [MAX_DEGREE] [REPLICA_LAYERS]";
     let (Some(path), Some(n), Some(k)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -54,6 +54,7 @@ fn main() {
         lpa_layers: args.get(4).map_or(d.lpa_layers, |s| num(s)),
         max_cluster_size: args.get(5).map_or(d.max_cluster_size, |s| num(s)),
         max_degree: args.get(6).map_or(d.max_degree, |s| num(s)),
+        replica_layers: args.get(7).map_or(d.replica_layers, |s| num(s)),
         ..d
     };
     let text = std::fs::read_to_string(path).expect("the records file");

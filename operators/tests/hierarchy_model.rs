@@ -204,6 +204,7 @@ fn params(min_shrink: f64) -> HierarchyParams {
         max_cluster_size: 6,
         lpa_rounds: 5,
         lpa_layers: 1,
+        replica_layers: 1,
         min_shrink,
         pool_loose_neighbours: true,
         max_degree: 4,
@@ -235,6 +236,13 @@ fn dataflow_equals_sequential_with_1_and_3_workers() {
     let want_lpa = reference(&batches, &lpa);
     assert_ne!(want_lpa.last(), want.last(), "strongest-link components change the upper layers");
     check("2 workers, label propagation on every layer", &run_dataflow(&batches, &lpa, 2), &want_lpa);
+    // Ego-network replicas on every layer (CAM's rule) against one replica per node above layer 1.
+    let replicas = HierarchyParams { replica_layers: 4, ..p.clone() };
+    let want_replicas = reference(&batches, &replicas);
+    assert_ne!(want_replicas.last(), want.last(), "replicas above layer 1 change the upper layers");
+    check("2 workers, replicas on every layer", &run_dataflow(&batches, &replicas, 2), &want_replicas);
+    let both = HierarchyParams { replica_layers: 4, ..cam.clone() };
+    check("1 worker, CAM's ego rule on every layer", &run_dataflow(&batches, &both, 1), &reference(&batches, &both));
 }
 
 #[test]

@@ -38,6 +38,7 @@ fn run(names: &[&str], max_layers: usize, rounds: u64, delete: bool) -> (BTreeMa
                     max_cluster_size: 12,
                     lpa_rounds: 6,
                     lpa_layers: 1,
+                    replica_layers: 1,
                     min_shrink: 0.1,
                     pool_loose_neighbours: true,
                     max_degree: 10,

@@ -179,6 +179,8 @@ pub struct HierarchyConfig {
     pub lpa_rounds: usize,
     /// Layers 1..=this cluster by label propagation, the layers above by strongest-link components.
     pub lpa_layers: usize,
+    /// Layers 1..=this split each node into ego-network replicas (overlapping clusters); above, clusters partition.
+    pub replica_layers: usize,
     pub min_shrink: f64,
     /// Neighbours that share no neighbour with the rest of a node's ego network are one context (one replica)
     /// together; `false` gives each its own replica, as CAM does.
@@ -202,6 +204,7 @@ impl HierarchyConfig {
             max_cluster_size: self.max_cluster_size,
             lpa_rounds: self.lpa_rounds,
             lpa_layers: self.lpa_layers,
+            replica_layers: self.replica_layers,
             min_shrink: self.min_shrink,
             pool_loose_neighbours: self.pool_loose_neighbours,
             max_degree: self.max_degree,
@@ -724,7 +727,7 @@ mod tests {
             Some(concat!(
                 "[similarity]\nmax-reverse-classes = 4\n",
                 "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n",
-                "[hierarchy]\nmax-degree = 0\nlpa-layers = 33\n",
+                "[hierarchy]\nmax-degree = 0\nlpa-layers = 33\nreplica-layers = 33\n",
                 "[query]\nexhaustive-below = 10\ncandidates = 1\nann-max-connections = 1\nann-ef-construction = 0\n"
             )),
             &[],
@@ -738,6 +741,7 @@ mod tests {
             "events.max-relations-per-event",
             "hierarchy.max-degree",
             "hierarchy.lpa-layers",
+            "hierarchy.replica-layers",
             "query.exhaustive-below",
             "query.candidates",
             "query.ann-max-connections",

@@ -73,9 +73,18 @@ where
 {
     // The replica graph: replicas `(s, (v, c))` (an isolated node's `(v, "")` too) and directed replica edges
     // `((s, x), (y, w))`, both directions.
-    let ego = ego_replicas(nodes, edges, params.pool_loose_neighbours);
-    let radj = ego.clone().flat_map(|(s, (x, e))| e.map(|(y, w)| ((s, x), (y, w))));
-    let replicas = ego.flat_map(|(s, (r, e))| e.is_none().then_some((s, r)));
+    let (replicas, radj) = if params.splits(layer) {
+        let ego = ego_replicas(nodes, edges, params.pool_loose_neighbours);
+        let radj = ego.clone().flat_map(|(s, (x, e))| e.map(|(y, w)| ((s, x), (y, w))));
+        (ego.flat_map(|(s, (r, e))| e.is_none().then_some((s, r))), radj)
+    } else {
+        let replicas = nodes.map(|(s, v)| (s, (v, Name::default())));
+        let radj = edges.flat_map(|(s, u, v, w)| {
+            let (ru, rv) = ((u, Name::default()), (v, Name::default()));
+            [((s.clone(), ru.clone()), (rv.clone(), w)), ((s, rv), (ru, w))]
+        });
+        (replicas, radj)
+    };
     let rule =
         if params.propagates(layer) { Rule::Propagate(params.lpa_rounds) } else { Rule::Link(params.max_cluster_size) };
     let labels = label_propagation(replicas, radj, rule);

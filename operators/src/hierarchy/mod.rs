@@ -6,8 +6,11 @@
 //!
 //! 1. **Ego networks.** For each node v, the connected components of the subgraph induced by its neighbours (v
 //!    excluded). A component is named by its smallest member, or "" when it is the only one. v gets one replica per
-//!    component, `(v, component)`;
-//!    an isolated node gets one replica `(v, "")`.
+//!    component, `(v, component)`; an isolated node gets one replica `(v, "")`. That is layers 1..=`replica-layers`;
+//!    above them every node is one replica `(v, "")`, and the layer's clusters partition its nodes. On summaries of
+//!    summaries, replicas churn: a node's links change as the counts under them move, the components of its ego
+//!    network merge and split with them, and each renames or adds a replica and moves the groups around it (at 30,000
+//!    meeting turns a 10-turn epoch relabels 38 % of layer 4's replicas with replicas there, 4 % without).
 //! 2. **Replica graph.** Each edge (u, v) becomes an edge between u's replica for the component holding v and v's
 //!    replica for the component holding u, with the edge's weight.
 //! 3. **Label propagation**, semi-synchronous, for a fixed number of rounds (so it terminates on every input):
@@ -55,6 +58,9 @@ pub struct HierarchyParams {
     pub lpa_rounds: usize,
     /// Layers 1..=this cluster by label propagation; the layers above by strongest-link groups.
     pub lpa_layers: usize,
+    /// Layers 1..=this split each node into a replica per component of its ego network (CAM), so that their
+    /// clusters overlap; above them a node is its own one replica and the layer's clusters partition its nodes.
+    pub replica_layers: usize,
     /// A layer is kept only when it has fewer nodes than the layer below by at least this share of them; else the
     /// hierarchy ends there. 0 is CAM's rule (any shrink).
     pub min_shrink: f64,
@@ -73,6 +79,7 @@ impl Default for HierarchyParams {
             max_cluster_size: 12,
             lpa_rounds: 20,
             lpa_layers: 1,
+            replica_layers: 1,
             min_shrink: 0.1,
             pool_loose_neighbours: true,
             max_degree: 30,
@@ -94,6 +101,11 @@ impl HierarchyParams {
         layer as usize <= self.lpa_layers
     }
 
+    /// Whether `layer` (≥ 1) splits its nodes into ego-network replicas (else each node is one replica, `(v, "")`).
+    pub fn splits(&self, layer: u32) -> bool {
+        layer as usize <= self.replica_layers
+    }
+
     pub fn validate(&self) -> Vec<String> {
         let mut errs = Vec::new();
         if !(1..=32).contains(&self.max_layers) {
@@ -110,6 +122,9 @@ impl HierarchyParams {
         }
         if self.lpa_layers > 32 {
             errs.push(format!("hierarchy.lpa-layers = {} must be in 0..=32", self.lpa_layers));
+        }
+        if self.replica_layers > 32 {
+            errs.push(format!("hierarchy.replica-layers = {} must be in 0..=32", self.replica_layers));
         }
         if !(1..=100).contains(&self.lpa_rounds) {
             errs.push(format!("hierarchy.lpa-rounds = {} must be in 1..=100", self.lpa_rounds));

@@ -45,6 +45,11 @@ pub fn cluster_layer(layer: u32, g: &Graph, params: &HierarchyParams) -> Cluster
     // Ego components: comp[(v, a)] = the component of v's ego network holding neighbour a.
     let mut comp: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     for (v, nbrs) in &adj {
+        // Above the replica layers a node is one replica, `(v, "")`, whatever its ego network.
+        if !params.splits(layer) {
+            comp.extend(nbrs.keys().map(|a| ((*v, *a), "")));
+            continue;
+        }
         let links = nbrs.keys().flat_map(|a| {
             adj.get(a)
                 .into_iter()
