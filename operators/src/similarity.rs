@@ -60,6 +60,10 @@ pub struct SimilarityParams {
     /// the cost of an insert stays bounded, and a weak node beyond the cut misses the newcomer until it is next
     /// recomputed. Ranges within the cap are exact.
     pub max_reverse_classes: usize,
+    /// An insert's reverse lookup first scores the this-many nodes whose lists are easiest to enter (the lowest
+    /// bars: short lists, weak neighbourhoods) one by one, and asks the index only for cosines that beat the next
+    /// bar. Those nodes get the newcomer even where the index's range is cut at `max-reverse-classes`.
+    pub reverse_scan: usize,
 }
 
 impl Default for SimilarityParams {
@@ -74,6 +78,7 @@ impl Default for SimilarityParams {
             ef_search: 64,
             exhaustive_below: 256,
             max_reverse_classes: 64,
+            reverse_scan: 0,
         }
     }
 }
@@ -99,6 +104,9 @@ impl SimilarityParams {
         }
         if self.max_reverse_classes < 16 {
             errs.push(format!("similarity.max-reverse-classes = {} must be at least 16", self.max_reverse_classes));
+        }
+        if self.reverse_scan > 100_000 {
+            errs.push(format!("similarity.reverse-scan = {} must be at most 100000", self.reverse_scan));
         }
         if self.ef_construction == 0 || self.ef_search == 0 {
             errs.push("similarity.ef-construction and similarity.ef-search must be positive".into());
@@ -588,7 +596,7 @@ impl SimilarityIndex {
             let mut bound = 2.0;
             if reverse {
                 let mut bars = self.bars.iter().filter(|(_, n)| n != id);
-                for (_, other) in bars.by_ref().take(self.params.exhaustive_below) {
+                for (_, other) in bars.by_ref().take(self.params.reverse_scan) {
                     consider(other, &mut seen, &mut out);
                 }
                 if let Some((tau, _)) = bars.next() {

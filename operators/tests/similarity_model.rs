@@ -235,10 +235,12 @@ fn check(name: &str, got: &[BTreeSet<Edge>], want: &[BTreeSet<Edge>]) {
 fn index_equals_brute_force_exhaustive_and_hnsw() {
     for seed in [1, 2, 3] {
         let batches = workload(seed, 30, 25);
-        for p in [params(usize::MAX), params(0)] {
+        // Through HNSW with and without the reverse lookup's scan of the easiest lists.
+        for p in [params(usize::MAX), params(0), SimilarityParams { reverse_scan: 8, ..params(0) }] {
             let want = reference(&batches, &p);
             assert!(want.last().unwrap().len() > 50, "the workload must produce a real graph");
-            check(&format!("index seed {seed} exhaustive<{}", p.exhaustive_below), &run_index(&batches, &p), &want);
+            let name = format!("index seed {seed} exhaustive<{} scan {}", p.exhaustive_below, p.reverse_scan);
+            check(&name, &run_index(&batches, &p), &want);
         }
     }
 }
@@ -249,7 +251,12 @@ fn duplicates_and_ties_equal_brute_force() {
     // the classes that share a vector must give exactly the brute-force graph, exhaustive and through HNSW.
     for seed in [4, 5, 6] {
         let batches = workload_with(seed, 30, 40, true);
-        for p in [params(usize::MAX), params(0), SimilarityParams { k: 2, ..params(0) }] {
+        for p in [
+            params(usize::MAX),
+            params(0),
+            SimilarityParams { k: 2, ..params(0) },
+            SimilarityParams { reverse_scan: 8, ..params(0) },
+        ] {
             let want = reference(&batches, &p);
             assert!(want.last().unwrap().len() > 50, "the workload must produce a real graph");
             check(

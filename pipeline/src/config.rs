@@ -725,7 +725,7 @@ mod tests {
     fn scale_bounds_are_checked() {
         let e = load(
             Some(concat!(
-                "[similarity]\nmax-reverse-classes = 4\n",
+                "[similarity]\nmax-reverse-classes = 4\nreverse-scan = 100001\n",
                 "[events]\nmerge-neighbours = 0\nrelation-window = 0\nmax-relations-per-event = 5000\n",
                 "[hierarchy]\nmax-degree = 0\nlpa-layers = 33\nreplica-layers = 33\n",
                 "[query]\nexhaustive-below = 10\ncandidates = 1\nann-max-connections = 1\nann-ef-construction = 0\n"
@@ -736,6 +736,7 @@ mod tests {
         let msg = e.to_string();
         for key in [
             "similarity.max-reverse-classes",
+            "similarity.reverse-scan",
             "events.merge-neighbours",
             "events.relation-window",
             "events.max-relations-per-event",
