@@ -756,6 +756,10 @@ mod tests {
         assert!(e.contains("pool-loose-neighbours") || e.contains("pool_loose_neighbours"), "{e}");
         let e = load(None, &[("ENGRAM__HIERARCHY__LPA_LAYERS", "two")]).unwrap_err().to_string();
         assert!(e.contains("lpa-layers") || e.contains("lpa_layers"), "{e}");
+        let e = load(None, &[("ENGRAM__HIERARCHY__REPLICA_LAYERS", "all")]).unwrap_err().to_string();
+        assert!(e.contains("replica-layers") || e.contains("replica_layers"), "{e}");
+        let e = load(None, &[("ENGRAM__SIMILARITY__REVERSE_SCAN", "-1")]).unwrap_err().to_string();
+        assert!(e.contains("reverse-scan") || e.contains("reverse_scan"), "{e}");
         let e = load(None, &[("ENGRAM__QUERY__ANN_EF_SEARCH", "0")]).unwrap_err().to_string();
         assert!(e.contains("query.ann-ef-search"), "{e}");
         let e = load(None, &[("ENGRAM__LLM__MAX_FAILURES", "0")]).unwrap_err().to_string();

@@ -72,7 +72,8 @@ where
     T: Timestamp + Lattice + TotalOrder,
 {
     // The replica graph: replicas `(s, (v, c))` (an isolated node's `(v, "")` too) and directed replica edges
-    // `((s, x), (y, w))`, both directions.
+    // `((s, x), (y, w))`, both directions. Above the replica layers every node is its one replica `(v, "")` and the
+    // layer's edges are the replica edges, with no ego-network operator.
     let (replicas, radj) = if params.splits(layer) {
         let ego = ego_replicas(nodes, edges, params.pool_loose_neighbours);
         let radj = ego.clone().flat_map(|(s, (x, e))| e.map(|(y, w)| ((s, x), (y, w))));
