@@ -481,6 +481,37 @@ impl SpaceView {
         }
     }
 
+    /// Builds the adjacency of an empty view from `(u, v, weight, of layer 0)` edges: each node's list is collected,
+    /// then sorted once, where [`SpaceView::link`] keeps it sorted (and grows it) through every insert.
+    fn build_adjacency(&mut self, edges: Vec<(String, String, u32, bool)>) {
+        let mut lists: HashMap<operators::Name, Vec<(operators::Name, u32)>> = HashMap::default();
+        for (u, v, w, layer0) in edges {
+            let (a, b) = (self.names.take(u), self.names.take(v));
+            lists.entry(a.clone()).or_default().push((b.clone(), w));
+            lists.entry(b).or_default().push((a, w));
+            self.edges += usize::from(layer0);
+        }
+        self.adjacency.reserve(lists.len());
+        for (a, mut list) in lists {
+            list.sort_by(|x, y| x.0.as_str().cmp(y.0.as_str()));
+            list.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    kept.1 = later.1;
+                }
+                same
+            });
+            list.shrink_to_fit();
+            self.adjacency.insert(a, Links(list));
+        }
+    }
+
+    /// Takes the graph of `g` (adjacency, names, clusters, parents), a view built from the graph's updates alone.
+    fn take_graph(&mut self, g: SpaceView) {
+        (self.adjacency, self.names, self.edges) = (g.adjacency, g.names, g.edges);
+        (self.clusters, self.parents) = (g.clusters, g.parents);
+    }
+
     fn is_empty(&self) -> bool {
         self.nodes.is_empty()
             && self.edges == 0
@@ -720,7 +751,8 @@ impl Views {
     }
 
     /// Builds the views of a checkpoint ([`Views::snapshot`]) at `as_of` (its hierarchy at `hierarchy_as_of`), with
-    /// its rejects.
+    /// its rejects. Into empty views, the graph (edges, clusters and their summaries) is applied on a second thread
+    /// while this one applies the rest: the two touch disjoint parts of a space's view, which are then put together.
     pub fn restore(
         &mut self,
         (as_of, hierarchy_as_of): (u64, Option<u64>),
@@ -731,11 +763,53 @@ impl Views {
     ) {
         let vectors: HashMap<String, Embedding> = vectors.into_iter().collect();
         let embed = |text: &str| vectors.get(text).cloned().unwrap_or_default();
-        self.apply_consolidated(updates.into_iter().map(|u| (u, 1)).collect(), &embed);
+        let signed = |u: Vec<ViewUpdate>| u.into_iter().map(|u| (u, 1)).collect::<Vec<_>>();
+        if self.spaces.is_empty() {
+            let (graph, rest): (Vec<ViewUpdate>, Vec<ViewUpdate>) = updates.into_iter().partition(|u| {
+                matches!(
+                    u,
+                    ViewUpdate::Edge(_) | ViewUpdate::LayerEdge(..) | ViewUpdate::Cluster(..) | ViewUpdate::Summary(..)
+                )
+            });
+            let mut graph_views = Views { ann: self.ann.clone(), ..Views::default() };
+            std::thread::scope(|s| {
+                let graph_side = s.spawn(|| {
+                    let (edges, rest): (Vec<ViewUpdate>, Vec<ViewUpdate>) =
+                        graph.into_iter().partition(|u| matches!(u, ViewUpdate::Edge(_) | ViewUpdate::LayerEdge(..)));
+                    graph_views.build_adjacency(edges);
+                    graph_views.apply_consolidated(signed(rest), &embed);
+                });
+                self.apply_consolidated(signed(rest), &embed);
+                graph_side.join().expect("the graph's restore does not panic");
+            });
+            for (space, g) in graph_views.spaces {
+                self.spaces.entry(space).or_default().take_graph(g);
+            }
+            self.requests_version = REQUESTS_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else {
+            self.apply_consolidated(signed(updates), &embed);
+        }
         self.as_of = Some(as_of);
         self.hierarchy_as_of = hierarchy_as_of;
         self.errors_total = errors_total;
         self.recent_errors = recent_errors;
+    }
+
+    /// Builds the adjacency of empty views from edges each given once (a checkpoint's), as inserting them one by one
+    /// would: the last weight of a pair is the one kept.
+    fn build_adjacency(&mut self, edges: Vec<ViewUpdate>) {
+        let mut by_space: BTreeMap<String, Vec<(String, String, u32, bool)>> = BTreeMap::new();
+        for u in edges {
+            let (space, edge) = match u {
+                ViewUpdate::Edge(e) => (e.space, (e.u, e.v, e.weight_micro, true)),
+                ViewUpdate::LayerEdge(space, _, u, v, w) => (space, (u, v, w.min(u64::from(u32::MAX)) as u32, false)),
+                _ => continue,
+            };
+            by_space.entry(space).or_default().push(edge);
+        }
+        for (space, edges) in by_space {
+            self.spaces.entry(space).or_default().build_adjacency(edges);
+        }
     }
 
     /// The index builds the applied updates asked for, each with a copy of its space's vectors (shared, not copied:
@@ -881,6 +955,75 @@ mod tests {
         assert_eq!(sorted(&views), sorted(&want));
         assert_eq!(views.edge_count(), 2);
         assert!(views.correction(want.snapshot().0.into_iter().map(|u| (u, 1)).collect()).is_empty());
+    }
+
+    /// A checkpoint's restore builds the graph on a second thread and the rest on this one: the views it builds are
+    /// the views whose snapshot it was, down to what is derived from the updates (parents, order, sessions).
+    #[test]
+    fn a_restored_snapshot_is_the_views_it_was_taken_from() {
+        let mut views = Views::default();
+        let mut updates = Vec::new();
+        for i in 0..40i64 {
+            let id = format!("t{i}");
+            let n = Node { pos: i * operators::model::POSITION_SCALE, ..node(&id, &format!("word{} harbour", i % 7)) };
+            updates.push(ViewUpdate::Node("s".into(), n, Embedding::new(vec![1.0, i as f32 / 40.0])));
+            if i > 0 {
+                let (u, v) = (format!("t{}", i - 1), id.clone());
+                updates.push(ViewUpdate::Edge(Edge { space: "s".into(), u, v, weight_micro: 600_000 + i as u32 }));
+            }
+            updates.push(ViewUpdate::Cluster("s".into(), 1, format!("L1:{}", i / 5), id.clone()));
+        }
+        for c in 0..8 {
+            updates.push(ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c / 4), format!("L1:{c}")));
+            updates.push(ViewUpdate::Summary("s".into(), 1, format!("L1:{c}"), format!("summary {c}")));
+            if c > 0 {
+                let (u, v) = (format!("L1:{}", c - 1), format!("L1:{c}"));
+                updates.push(ViewUpdate::LayerEdge("s".into(), 1, u, v, 500_000));
+            }
+        }
+        let event = |i: usize| operators::events::EventRow {
+            id: format!("E:{i}"),
+            conversation: "d".into(),
+            session: 0,
+            turns: (4 * i..4 * i + 4).map(|t| format!("t{t}")).collect(),
+            summary: format!("event {i}"),
+            people: vec!["Ann".into()],
+            time: None,
+        };
+        for i in 0..10 {
+            updates.push(ViewUpdate::Event("s".into(), event(i)));
+            updates.push(ViewUpdate::Topic("s".into(), "T:E:0".into(), format!("E:{i}")));
+            if i > 0 {
+                let r = operators::events::RelationRow {
+                    from: format!("E:{}", i - 1),
+                    to: format!("E:{i}"),
+                    kind: operators::events::RelationKind::Temporal,
+                    evidence: vec![format!("t{i}")].into(),
+                };
+                updates.push(ViewUpdate::Relation("s".into(), r));
+            }
+        }
+        let embed = |text: &str| Embedding::new(vec![text.len() as f32, 1.0]);
+        views.apply_with(updates.into_iter().map(|u| (u, 1)).collect(), &embed);
+        let (held, vectors) = views.snapshot();
+        let mut restored = Views::default();
+        restored.restore((3, Some(2)), held.clone(), vectors, 0, VecDeque::new());
+        let sorted = |mut u: Vec<ViewUpdate>| {
+            u.sort();
+            u
+        };
+        assert_eq!(sorted(restored.snapshot().0), sorted(held));
+        let (a, b) = (&views.spaces["s"], &restored.spaces["s"]);
+        let parents = |v: &SpaceView| -> BTreeMap<String, Vec<String>> {
+            v.parents.iter().map(|(m, p)| (m.to_string(), p.iter().map(|c| c.to_string()).collect())).collect()
+        };
+        assert_eq!(b.parents.len(), 48);
+        assert_eq!(parents(a), parents(b));
+        assert_eq!((a.edges, b.related("E:3").count()), (b.edges, 2));
+        assert_eq!(a.with_before, b.with_before);
+        assert_eq!(a.sessions, b.sessions);
+        assert_eq!(b.clusters["L1:3"].summary, a.clusters["L1:3"].summary);
+        assert_eq!((restored.as_of, restored.hierarchy_as_of), (Some(3), Some(2)));
     }
 
     #[test]

@@ -143,6 +143,11 @@ impl Shared {
             config.data_dir.join(format!("process-{}", place.process))
         };
         std::fs::create_dir_all(&dir)?;
+        // The checkpoint (read, hashed and decoded) is read on a thread of its own while the logs replay on this one.
+        let reading = (place.leads() && !config.checkpoint.interval.is_zero()).then(|| {
+            let (path, config) = (dir.join("checkpoint.bin"), config.clone());
+            std::thread::spawn(move || super::checkpoint::Checkpoint::read(&path, &config))
+        });
         let log_path = dir.join("input.log");
         let replay = InputLog::replay(&log_path)?;
         if replay.torn_lines > 0 {
@@ -205,10 +210,10 @@ impl Shared {
         let ann = crate::ann::AnnParams { build_aside: true, ..config.query.ann() };
         let mut views = Views { ann, ..Views::default() };
         // In a cluster only process 0 checkpoints (the views are its); the others replay their logs behind it.
-        let mut checkpoint = if from_topic_used || !place.leads() {
-            None
-        } else {
-            load_checkpoint(&dir, &config, &records, replies.len())
+        let read = reading.map(|r| r.join().unwrap_or_else(|_| Err("its reader panicked".into())));
+        let mut checkpoint = match read {
+            Some(read) if !from_topic_used => load_checkpoint(&dir, read, &records, replies.len()),
+            _ => None,
         };
         // Compaction only in one process: a delete in process 0's log may delete what another process's log holds,
         // and that log does not know it.
@@ -511,18 +516,15 @@ fn compact_behind(
     Some(kept)
 }
 
-/// The checkpoint in `dir`, if there is one this memory can start from.
+/// The checkpoint read from `dir` (`read`), if it is one this memory can start from.
 fn load_checkpoint(
     dir: &std::path::Path,
-    config: &Config,
+    read: Result<Option<super::checkpoint::Checkpoint>, String>,
     records: &[(u64, Item)],
     replies: usize,
 ) -> Option<super::checkpoint::Checkpoint> {
-    if config.checkpoint.interval.is_zero() {
-        return None;
-    }
     let path = dir.join("checkpoint.bin");
-    match super::checkpoint::Checkpoint::read(&path, config) {
+    match read {
         Ok(None) => None,
         Ok(Some(c)) => {
             let logged = records.iter().filter(|(e, i)| *e <= c.epoch && matches!(i, Item::Record(_))).count();
