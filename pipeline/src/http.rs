@@ -663,10 +663,11 @@ pub(crate) fn events_json(s: &Shared, space: &str, conversation: Option<&str>) -
         })
         .collect();
     let relations: Vec<_> = match conversation {
-        None => view.relations.iter().collect(),
+        None => view.relations.iter().map(|r| r.as_ref()).collect(),
         Some(_) => view
             .relations
             .iter()
+            .map(|r| r.as_ref())
             .filter(|r| view.events.contains_key(&r.from))
             .filter(|r| view.events.get(&r.from).is_some_and(|e| conversation == Some(e.conversation.as_str())))
             .collect(),

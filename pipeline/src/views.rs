@@ -210,9 +210,10 @@ pub struct SpaceView {
     pub requests: BTreeMap<String, std::sync::Arc<ModelRequest>>,
     /// Events by id, and their relations.
     pub events: BTreeMap<String, operators::events::EventRow>,
-    pub relations: BTreeSet<operators::events::RelationRow>,
-    /// Event → the relations that touch it (either end): a walk reads an event's relations without a scan.
-    pub related: HashMap<String, BTreeSet<operators::events::RelationRow>>,
+    pub relations: BTreeSet<std::sync::Arc<operators::events::RelationRow>>,
+    /// Event → the relations that touch it (either end): a walk reads an event's relations without a scan. The rows
+    /// are the ones `relations` holds, shared.
+    pub related: HashMap<String, BTreeSet<std::sync::Arc<operators::events::RelationRow>>>,
     /// Event id → the embedding of its summary and people (for `compass`).
     pub event_vectors: HashMap<String, Embedding>,
     /// Turn id → its event.
@@ -610,19 +611,21 @@ impl Views {
                 ViewUpdate::Event(space, e) => self.spaces.entry(space).or_default().apply_event(e, d, embed),
                 ViewUpdate::Relation(space, r) => {
                     let view = self.spaces.entry(space).or_default();
-                    for end in [&r.from, &r.to] {
-                        if d > 0 {
-                            view.related.entry(end.clone()).or_default().insert(r.clone());
-                        } else if let Some(set) = view.related.get_mut(end) {
-                            set.remove(&r);
-                            if set.is_empty() {
-                                view.related.remove(end);
-                            }
-                        }
-                    }
                     if d > 0 {
+                        let r = view.relations.get(&r).cloned().unwrap_or_else(|| std::sync::Arc::new(r));
+                        for end in [&r.from, &r.to] {
+                            view.related.entry(end.clone()).or_default().insert(r.clone());
+                        }
                         view.relations.insert(r);
                     } else {
+                        for end in [&r.from, &r.to] {
+                            if let Some(set) = view.related.get_mut(end) {
+                                set.remove(&r);
+                                if set.is_empty() {
+                                    view.related.remove(end);
+                                }
+                            }
+                        }
                         view.relations.remove(&r);
                     }
                 }
@@ -717,7 +720,7 @@ impl Views {
                 }
             }
             for r in &v.relations {
-                updates.push(ViewUpdate::Relation(s(), r.clone()));
+                updates.push(ViewUpdate::Relation(s(), r.as_ref().clone()));
             }
             for (e, g) in &v.groups {
                 updates.push(ViewUpdate::Merge(s(), e.clone(), g.clone()));
