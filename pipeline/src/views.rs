@@ -413,7 +413,7 @@ impl SpaceView {
     }
 
     fn apply_layer_edge(&mut self, u: String, v: String, w: u64, d: isize) {
-        let w = w.min(u64::from(u32::MAX)) as u32;
+        let w = layer_weight(w);
         for (a, b) in [(&u, &v), (&v, &u)] {
             if d > 0 {
                 self.link(a, b, w);
@@ -523,6 +523,11 @@ impl SpaceView {
             && self.groups.is_empty()
             && self.topic_of.is_empty()
     }
+}
+
+/// A layer edge's weight as the adjacency holds it (saturated at `u32::MAX`).
+fn layer_weight(w: u64) -> u32 {
+    w.min(u64::from(u32::MAX)) as u32
 }
 
 /// How many recent rejects the views keep for `GET /v1/errors`.
@@ -805,7 +810,7 @@ impl Views {
         for u in edges {
             let (space, edge) = match u {
                 ViewUpdate::Edge(e) => (e.space, (e.u, e.v, e.weight_micro, true)),
-                ViewUpdate::LayerEdge(space, _, u, v, w) => (space, (u, v, w.min(u64::from(u32::MAX)) as u32, false)),
+                ViewUpdate::LayerEdge(space, _, u, v, w) => (space, (u, v, layer_weight(w), false)),
                 _ => continue,
             };
             by_space.entry(space).or_default().push(edge);
@@ -1027,6 +1032,39 @@ mod tests {
         assert_eq!(a.sessions, b.sessions);
         assert_eq!(b.clusters["L1:3"].summary, a.clusters["L1:3"].summary);
         assert_eq!((restored.as_of, restored.hierarchy_as_of), (Some(3), Some(2)));
+    }
+
+    /// The adjacency built at once from a restore's edges is the one their inserts build one by one, a pair given
+    /// twice included (its last weight is kept).
+    #[test]
+    fn an_adjacency_built_at_once_is_the_one_inserts_build() {
+        let edge = |u: &str, v: &str, w: u32| {
+            ViewUpdate::Edge(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w })
+        };
+        let edges = vec![
+            edge("c", "a", 700_000),
+            edge("a", "b", 650_000),
+            edge("b", "c", 600_000),
+            edge("a", "c", 710_000),
+            ViewUpdate::LayerEdge("s".into(), 1, "L1:x".into(), "L1:y".into(), u64::MAX),
+        ];
+        let mut one_by_one = Views::default();
+        for e in &edges {
+            one_by_one.apply(vec![(e.clone(), 1)]);
+        }
+        let mut at_once = Views::default();
+        at_once.build_adjacency(edges);
+        let lists = |v: &Views| -> BTreeMap<String, Vec<(String, u32)>> {
+            let adjacency = &v.spaces["s"].adjacency;
+            adjacency
+                .iter()
+                .map(|(a, l)| (a.to_string(), l.0.iter().map(|(b, w)| (b.to_string(), *w)).collect()))
+                .collect()
+        };
+        assert_eq!(lists(&at_once), lists(&one_by_one));
+        assert_eq!(lists(&at_once)["a"], vec![("b".to_string(), 650_000), ("c".to_string(), 710_000)]);
+        assert_eq!(lists(&at_once)["L1:x"], vec![("L1:y".to_string(), u32::MAX)]);
+        assert_eq!(at_once.spaces["s"].edges, one_by_one.spaces["s"].edges);
     }
 
     #[test]
