@@ -27,22 +27,56 @@ use crate::engine::{Engine, Place, Shared};
 use crate::eval::settle;
 use crate::query::{Mode, QueryRequest};
 
-/// The records to grow the space with, in order, and where questions come from.
+/// The records to grow the space with, in order, and where questions come from. The bench keeps no copy of what it
+/// fed (that would count as the memory's): the yardstick and the questions open the corpus again and read it from
+/// the start, and it yields the same records in the same order.
 enum Corpus {
     News(Box<News>, VecDeque<Value>),
-    Records(std::vec::IntoIter<Value>),
+    Records(Box<dyn Iterator<Item = anyhow::Result<Value>>>),
 }
 
 impl Corpus {
-    fn next(&mut self) -> Option<Value> {
+    /// The corpus from its start: the synthetic news stream, or the lines of `inputs` in order, read as they are fed.
+    fn open(inputs: &[std::path::PathBuf]) -> anyhow::Result<Corpus> {
+        use std::io::BufRead;
+        if inputs.is_empty() {
+            return Ok(Corpus::News(Box::new(super::news::stream()), VecDeque::new()));
+        }
+        let mut files = Vec::new();
+        for path in inputs {
+            let file = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            files.push((path.clone(), std::io::BufReader::new(file)));
+        }
+        let lines = files.into_iter().flat_map(|(path, reader)| {
+            reader.lines().enumerate().filter_map(move |(i, line)| {
+                let at = || format!("{}:{}", path.display(), i + 1);
+                match line {
+                    Err(e) => Some(Err(anyhow::anyhow!("{}: {e}", at()))),
+                    Ok(l) if l.trim().is_empty() => None,
+                    Ok(l) => Some(serde_json::from_str(&l).map_err(|e| anyhow::anyhow!("{}: {e}", at()))),
+                }
+            })
+        });
+        Ok(Corpus::Records(Box::new(lines)))
+    }
+
+    fn next(&mut self) -> anyhow::Result<Option<Value>> {
         match self {
             Corpus::News(news, buf) => {
                 if buf.is_empty() {
                     buf.extend(news.next_doc());
                 }
-                buf.pop_front()
+                Ok(buf.pop_front())
             }
-            Corpus::Records(it) => it.next(),
+            Corpus::Records(it) => it.next().transpose(),
+        }
+    }
+
+    /// The next record, parsed under `limits`.
+    fn next_record(&mut self, limits: &operators::Limits) -> anyhow::Result<Option<Record>> {
+        match self.next()? {
+            Some(v) => Ok(Some(from_value(v, None, limits).map_err(|e| anyhow::anyhow!("record: {e}"))?)),
+            None => Ok(None),
         }
     }
 }
@@ -84,33 +118,30 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     config.data_dir = dir.clone();
     config.checkpoint.interval = std::time::Duration::ZERO;
     config.ingest.epoch_max_records = args.batch.max(1);
-    let (mut corpus, corpus_name) = if args.inputs.is_empty() {
-        (Corpus::News(Box::new(super::news::stream()), VecDeque::new()), "synthetic-news".to_string())
+    // Every record is checked before the engine starts: a bad one is an error naming its line.
+    let limits = operators::Limits {
+        max_record_bytes: config.ingest.max_record_bytes,
+        max_id_bytes: config.ingest.max_id_bytes,
+    };
+    let corpus_name = if args.inputs.is_empty() {
+        "synthetic-news".to_string()
     } else {
-        let mut all = Vec::new();
-        for path in &args.inputs {
-            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            // Every record is checked before the engine starts: a bad one is an error naming its line.
-            let limits = operators::Limits {
-                max_record_bytes: config.ingest.max_record_bytes,
-                max_id_bytes: config.ingest.max_id_bytes,
-            };
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let at = || format!("{}:{}", path.display(), i + 1);
-                let v: Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
-                from_value(v.clone(), None, &limits).map_err(|e| anyhow::anyhow!("{}: record: {e}", at()))?;
-                all.push(v);
-            }
+        let mut check = Corpus::open(&args.inputs)?;
+        let mut n = 0usize;
+        while let Some(v) = check.next()? {
+            n += 1;
+            from_value(v, None, &limits).map_err(|e| anyhow::anyhow!("record {n} of the inputs: {e}"))?;
         }
         let names: Vec<String> = args.inputs.iter().map(|p| p.display().to_string()).collect();
-        (Corpus::Records(all.into_iter()), names.join(","))
+        names.join(",")
     };
+    let mut corpus = Corpus::open(&args.inputs)?;
     let mut engine = Engine::open(config.clone(), Place::SINGLE)?;
     let shared = engine.shared().clone();
     engine.start(timely::Config::process(args.workers.first().copied().unwrap_or(1)))?;
     let baseline = rss_bytes();
-    // Every record fed, for the yardstick's vectors and the questions.
-    let mut fed: Vec<Record> = Vec::new();
+    // How many records were fed (the corpus's first `fed`).
+    let mut fed = 0usize;
     let mut space = String::new();
     let mut points = Vec::new();
     let mut questions = News::new("news", 7);
@@ -118,42 +149,42 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     for &size in &sizes {
         // Grow: keep a few epochs queued, never the whole segment (its records would count as the memory's).
         let started = Instant::now();
-        let before = fed.len();
-        while fed.len() < size {
+        let before = fed;
+        while fed < size {
             if shared.queued() > 2 * args.batch {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
             let mut batch = Vec::with_capacity(args.batch);
-            while batch.len() < args.batch && fed.len() + batch.len() < size {
-                let Some(v) = corpus.next() else { break };
-                batch.push(from_value(v, None, &shared.limits).map_err(|e| anyhow::anyhow!("record: {e}"))?);
+            while batch.len() < args.batch && fed + batch.len() < size {
+                let Some(r) = corpus.next_record(&shared.limits)? else { break };
+                batch.push(r);
             }
             if batch.is_empty() {
                 break;
             }
             space = batch[0].space().to_string();
-            fed.extend(batch.iter().cloned());
+            fed += batch.len();
             shared.queue_records(batch);
         }
         settle(&shared, POLL);
         let seconds = started.elapsed().as_secs_f64();
-        let records = fed.len() - before;
+        let records = fed - before;
         if records == 0 {
-            eprintln!("the corpus ends at {} records", fed.len());
+            eprintln!("the corpus ends at {fed} records");
             break;
         }
-        grown = fed.len();
+        grown = fed;
         let rss = rss_bytes();
         let (nodes, events, relations, topics, layers, degrees) = counts(&shared, &space);
         let vector_bytes = vector_bytes(&shared, &space);
-        let latency = query_latency(&shared, &space, &fed, &mut questions, args.queries);
+        let latency = query_latency(&shared, &space, &args.inputs, fed, &mut questions, args.queries)?;
         let ids_before = cluster_ids(&shared, &space);
-        let streamed = fed.len();
+        let streamed = fed;
         let fresh = freshness(&shared, &mut corpus, &mut fed, args.stream_rate, args.stream_seconds)?;
-        let replaced = replaced_clusters(&ids_before, &cluster_ids(&shared, &space), fed.len() - streamed);
+        let replaced = replaced_clusters(&ids_before, &cluster_ids(&shared, &space), fed - streamed);
         let point = json!({
-            "bench": "scale", "corpus": corpus_name, "space": space, "size": nodes, "records": fed.len(),
+            "bench": "scale", "corpus": corpus_name, "space": space, "size": nodes, "records": fed,
             "segment_records": records, "segment_seconds": seconds,
             "chunks_per_second": records as f64 / seconds,
             "rss_bytes": rss, "rss_bytes_per_chunk": rss.saturating_sub(baseline) as f64 / nodes.max(1) as f64,
@@ -177,10 +208,16 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     let shared_vectors: Hnsw<Embedding, UnitCosine> =
         Hnsw::new(p.max_connections, grown.max(1024), 16, p.ef_construction, UnitCosine);
     let (mut at, mut slot) = (0, 0);
+    let mut corpus = Corpus::open(&args.inputs)?;
     for point in &mut points {
-        let texts: Vec<String> = fed[at..point.size]
-            .iter()
-            .flat_map(|r| ingestor.apply(r.clone()))
+        let mut segment = Vec::with_capacity(point.size - at);
+        while at + segment.len() < point.size {
+            let Some(r) = corpus.next_record(&shared.limits)? else { break };
+            segment.push(r);
+        }
+        let texts: Vec<String> = segment
+            .into_iter()
+            .flat_map(|r| ingestor.apply(r))
             .filter(|d| d.2 > 0)
             .map(|d| d.1.embedding_text())
             .collect();
@@ -292,10 +329,33 @@ fn replaced_clusters(
 
 /// p50 and p95 (ms) of `n` queries per mode, without a model: questions from the news generator, or the opening
 /// words of turns spread over the records.
-fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, n: usize) -> Value {
+fn query_latency(
+    shared: &Shared,
+    space: &str,
+    inputs: &[std::path::PathBuf],
+    fed: usize,
+    news: &mut News,
+    n: usize,
+) -> anyhow::Result<Value> {
+    // The fed records at the questions' positions, read again from the corpus's start (news: none, the generator
+    // asks).
+    let mut at: Vec<usize> = (0..n).map(|i| (i * 7919) % fed.max(1)).collect();
+    at.sort_unstable();
+    at.dedup();
+    let mut picked: std::collections::HashMap<usize, Record> = std::collections::HashMap::new();
+    if !inputs.is_empty() {
+        let mut corpus = Corpus::open(inputs)?;
+        let last = at.last().copied().unwrap_or(0);
+        for i in 0..=last {
+            let Some(r) = corpus.next_record(&shared.limits)? else { break };
+            if at.binary_search(&i).is_ok() {
+                picked.insert(i, r);
+            }
+        }
+    }
     let questions: Vec<String> = (0..n)
-        .map(|i| match &fed[(i * 7919) % fed.len()] {
-            Record::Turn { text, .. } => text.split_whitespace().take(12).collect::<Vec<_>>().join(" "),
+        .map(|i| match picked.get(&((i * 7919) % fed.max(1))) {
+            Some(Record::Turn { text, .. }) => text.split_whitespace().take(12).collect::<Vec<_>>().join(" "),
             _ => news.question(),
         })
         .collect();
@@ -318,7 +378,7 @@ fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, 
         ms.sort_by(f64::total_cmp);
         out.insert(mode.as_str().into(), json!({"p50": percentile(&ms, 0.5), "p95": percentile(&ms, 0.95)}));
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
 /// Streams `rate` records a second for `seconds` into the space and measures each record's time from receipt
@@ -327,7 +387,7 @@ fn query_latency(shared: &Shared, space: &str, fed: &[Record], news: &mut News, 
 fn freshness(
     shared: &Shared,
     corpus: &mut Corpus,
-    fed: &mut Vec<Record>,
+    fed: &mut usize,
     rate: f64,
     seconds: f64,
 ) -> anyhow::Result<Value> {
@@ -358,9 +418,8 @@ fn freshness(
     while sent < total || !waiting.is_empty() || !waiting_hierarchy.is_empty() {
         let due = started + Duration::from_secs_f64(sent as f64 / rate);
         if sent < total && Instant::now() >= due {
-            let Some(v) = corpus.next() else { break };
-            let r = from_value(v, None, &shared.limits).map_err(|e| anyhow::anyhow!("record: {e}"))?;
-            fed.push(r.clone());
+            let Some(r) = corpus.next_record(&shared.limits)? else { break };
+            *fed += 1;
             let epoch = shared.queue_records(vec![r]);
             waiting.push_back((epoch, Instant::now()));
             waiting_hierarchy.push_back((epoch, Instant::now()));
