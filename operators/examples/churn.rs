@@ -69,15 +69,15 @@ fn main() {
         let v: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
         let field = |f: &str| v[f].as_str().unwrap_or_default().to_string();
         let node = Node {
-            id: format!("{}#{}", field("conversation"), field("turn")),
+            id: format!("{}#{}", field("conversation"), field("turn")).into(),
             kind: NodeKind::Turn,
-            doc: field("conversation"),
+            doc: field("conversation").into(),
             pos: v["seq"].as_i64().unwrap_or(i as i64) * POSITION_SCALE,
-            text: field("text"),
-            speaker: v["speaker"].as_str().map(str::to_string),
+            text: field("text").into(),
+            speaker: v["speaker"].as_str().map(Into::into),
             ts: None,
         };
-        nodes.insert(node.id.clone());
+        nodes.insert(node.id.to_string());
         let e = embedder.embed(&node.text);
         index.apply(vec![(node, e, 1)]);
         if i + 1 < n {

@@ -49,7 +49,7 @@ where
                     let keys: Vec<(String, String, u64)> = data
                         .iter()
                         .zip(&texts)
-                        .map(|(((s, n), _, _), text)| (s.clone(), n.id.clone(), fnv1a(text.as_bytes())))
+                        .map(|(((s, n), _, _), text)| (s.clone(), n.id.to_string(), fnv1a(text.as_bytes())))
                         .collect();
                     // Insertions first, so a retraction in the same container finds its vector.
                     let mut order: Vec<usize> = (0..data.len()).collect();

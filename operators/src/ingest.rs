@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::chunk::chunk_text;
 use crate::model::{chunk_id, turn_id, Node, NodeKind, POSITION_SCALE};
+use crate::name::{Interner, Name};
 use crate::record::Record;
 
 /// A change to layer 0: `(space, node, +1 | -1)`.
@@ -19,11 +20,17 @@ pub struct Ingestor {
     /// (`c` and the seq, zero-padded: a `document` record's chunk `i` is unit `i`) or a turn (`t` and its name). A
     /// document and a conversation of one name share the entry (a delete names either) but never a unit.
     docs: HashMap<(String, String), BTreeMap<String, Vec<Node>>>,
+    /// Documents', speakers' and times' names: the nodes of one document (and the turns of one speaker) share them.
+    names: Interner,
 }
 
 impl Ingestor {
     pub fn new(chunk_tokens: usize) -> Self {
-        Ingestor { chunk_tokens, docs: HashMap::new() }
+        Ingestor { chunk_tokens, docs: HashMap::new(), names: Interner::default() }
+    }
+
+    fn name(&mut self, s: &str) -> Name {
+        self.names.name(s)
     }
 
     /// Every live layer-0 node, over all spaces.
@@ -50,15 +57,16 @@ impl Ingestor {
             Record::Chunk { space, doc, seq, text, ts } => {
                 let parts = chunk_text(&text, self.chunk_tokens);
                 let count = parts.len() as i64;
+                let (name, ts) = (self.name(&doc), ts.map(|t| self.name(&t)));
                 let nodes = parts
                     .into_iter()
                     .enumerate()
                     .map(|(p, text)| Node {
-                        id: chunk_id(&doc, seq, (count > 1).then_some(p)),
+                        id: chunk_id(&doc, seq, (count > 1).then_some(p)).into(),
                         kind: NodeKind::Chunk,
-                        doc: doc.clone(),
+                        doc: name.clone(),
                         pos: seq * POSITION_SCALE + (p as i64) * POSITION_SCALE / count,
-                        text,
+                        text: text.into(),
                         speaker: None,
                         ts: ts.clone(),
                     })
@@ -66,15 +74,16 @@ impl Ingestor {
                 self.replace(space, doc, chunk_unit(seq), nodes, &mut out);
             }
             Record::Document { space, doc, text, ts } => {
+                let (name, ts) = (self.name(&doc), ts.map(|t| self.name(&t)));
                 let nodes: Vec<Node> = chunk_text(&text, self.chunk_tokens)
                     .into_iter()
                     .enumerate()
                     .map(|(i, text)| Node {
-                        id: chunk_id(&doc, i as i64, None),
+                        id: chunk_id(&doc, i as i64, None).into(),
                         kind: NodeKind::Chunk,
-                        doc: doc.clone(),
+                        doc: name.clone(),
                         pos: i as i64 * POSITION_SCALE,
-                        text,
+                        text: text.into(),
                         speaker: None,
                         ts: ts.clone(),
                     })
@@ -91,17 +100,18 @@ impl Ingestor {
             Record::Turn { space, conversation, turn, speaker, text, ts, seq } => {
                 let pos = seq.unwrap_or_else(|| turn_position(&turn)) * POSITION_SCALE;
                 let node = Node {
-                    id: turn_id(&conversation, &turn),
+                    id: turn_id(&conversation, &turn).into(),
                     kind: NodeKind::Turn,
-                    doc: conversation.clone(),
+                    doc: self.name(&conversation),
                     pos,
-                    text,
-                    speaker: Some(speaker),
-                    ts,
+                    text: text.into(),
+                    speaker: Some(self.name(&speaker)),
+                    ts: ts.map(|t| self.name(&t)),
                 };
                 self.replace(space, conversation, turn_unit(&turn), vec![node], &mut out);
             }
         }
+        self.names.sweep();
         out
     }
 
@@ -192,7 +202,8 @@ mod tests {
     }
 
     fn live(ing: &Ingestor) -> Vec<String> {
-        let mut ids: Vec<String> = ing.docs.values().flat_map(|d| d.values()).flatten().map(|n| n.id.clone()).collect();
+        let mut ids: Vec<String> =
+            ing.docs.values().flat_map(|d| d.values()).flatten().map(|n| n.id.to_string()).collect();
         ids.sort();
         ids
     }

@@ -10,6 +10,7 @@ pub mod events;
 pub mod extractive;
 pub mod hash;
 pub mod hierarchy;
+pub mod hnsw;
 pub mod ingest;
 
 /// The operators' maps and sets of node ids, slots and names: foldhash, seeded at random per process, instead of

@@ -118,7 +118,7 @@ pub fn memory<'s, T>(
 where
     T: Timestamp + Lattice + TotalOrder,
 {
-    let texts = nodes.clone().map(|(s, n)| ((Name::from(s), Name::from(n.id)), Name::from(n.text)));
+    let texts = nodes.clone().map(|(s, n)| ((Name::from(s), n.id), n.text));
     let f = fresh(nodes, logged.clone(), embedder, params);
     let edges = f.edges.clone().map(|e| (e.space.into(), e.u.into(), e.v.into(), u64::from(e.weight_micro)));
     let named = logged.clone().map(|((s, k), r)| ((Name::from(s), Name::from(k)), Name::from(r)));
@@ -173,12 +173,19 @@ where
     // Each event embedded as a pseudo-node (so batch-dependent embedders retract exactly) and quantised.
     let event_nodes = em.events.clone().map(|(s, e)| {
         let text = format!("{} | {}", e.summary, e.people.join(", "));
-        let node =
-            Node { id: e.id, kind: NodeKind::Summary, doc: e.conversation, pos: 0, text, speaker: None, ts: None };
+        let node = Node {
+            id: e.id.into(),
+            kind: NodeKind::Summary,
+            doc: e.conversation.into(),
+            pos: 0,
+            text: text.into(),
+            speaker: None,
+            ts: None,
+        };
         (s, node)
     });
-    let by_conversation =
-        embed_nodes(event_nodes, embedder).map(|(s, n, v)| (s, n.doc, n.id, events::quantise(&v.to_dense())));
+    let by_conversation = embed_nodes(event_nodes, embedder)
+        .map(|(s, n, v)| (s, n.doc.to_string(), n.id.to_string(), events::quantise(&v.to_dense())));
     let event_vectors = by_conversation.clone().map(|(s, _, id, v)| (s, id, v));
     // Links at the merge threshold; with the judge on (and a model), the pairs just below it go to the model.
     let micro = |x: f32| (f64::from(x) * 1e6).round() as i64;

@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::sync::Arc;
 
+use crate::name::Name;
+
 /// Positions are kept in thousandths so that the parts of a split chunk can sit between two whole positions and a
 /// position stays an integer (collections need `Ord`).
 pub const POSITION_SCALE: i64 = 1000;
@@ -18,17 +20,21 @@ pub enum NodeKind {
 }
 
 /// A layer-0 node: one chunk of a document or one turn of a conversation. `id` is unique within its space.
+///
+/// Its strings are [`Name`]s: a clone shares them, so the ingestor's current nodes, the rows in the dataflow's
+/// collections and arrangements, and the views all hold one allocation of a node's text, and the nodes of one
+/// document share its name, speaker and time. Ordered, hashed and serialised as the strings they hold.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Node {
-    pub id: String,
+    pub id: Name,
     pub kind: NodeKind,
     /// The document (or conversation) the node belongs to; deleting it retracts the node.
-    pub doc: String,
+    pub doc: Name,
     /// Position within `doc`, in thousandths (see [`POSITION_SCALE`]).
     pub pos: i64,
-    pub text: String,
-    pub speaker: Option<String>,
-    pub ts: Option<String>,
+    pub text: Name,
+    pub speaker: Option<Name>,
+    pub ts: Option<Name>,
 }
 
 impl Node {
@@ -36,7 +42,7 @@ impl Node {
     pub fn embedding_text(&self) -> String {
         match &self.speaker {
             Some(s) => format!("{s}: {}", self.text),
-            None => self.text.clone(),
+            None => self.text.to_string(),
         }
     }
 }

@@ -78,6 +78,12 @@ impl PartialEq<str> for Name {
     }
 }
 
+impl PartialEq<String> for Name {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
 impl PartialEq<&str> for Name {
     fn eq(&self, other: &&str) -> bool {
         &*self.0 == *other
@@ -158,7 +164,7 @@ impl<'de> Deserialize<'de> for Name {
 
 /// Makes equal strings one [`Name`]: the names that enter a dataflow go through one, so every row that carries a
 /// space, node or text shares its allocation. [`Interner::sweep`] forgets the names nothing else holds any more.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, Debug)]
 pub struct Interner {
     names: HashSet<Name, foldhash::fast::RandomState>,
     /// The size after the last sweep; the next comes when the set has doubled.
@@ -181,6 +187,15 @@ impl Interner {
             return n.clone();
         }
         let n = Name::from(s);
+        self.names.insert(n.clone());
+        n
+    }
+
+    /// The interned name equal to `n`, or `n` itself (its allocation shared, not copied) when it is new.
+    pub fn adopt(&mut self, n: Name) -> Name {
+        if let Some(have) = self.names.get(n.as_str()) {
+            return have.clone();
+        }
         self.names.insert(n.clone());
         n
     }

@@ -17,21 +17,21 @@
 //! insert enters only the members whose weakest neighbour it beats — each class keeps its members ordered by their
 //! weakest neighbour, so an insert never walks the plateau of a tie it cannot win.
 //!
-//! Candidates come from an HNSW index (hnsw_rs) by a *range* query — every class with `cos ≥ θ/α` or above the
+//! Candidates come from an HNSW index ([`crate::hnsw`]) by a *range* query — every class with `cos ≥ θ/α` or above the
 //! bar the lists set — grown until the last hit falls below the bound (an insert's reverse range is cut at
 //! `max_reverse_classes`, nearest first), plus every node of the same document inside the positional window. The
-//! index's points are the classes' shared embeddings (an `Arc` each, not a copy of the vector). hnsw_rs cannot
+//! index's points are the classes' shared embeddings (an `Arc` each, not a copy of the vector). HNSW cannot
 //! delete: emptied classes are tombstoned, filtered out of searches, and the index is rebuilt when tombstones
 //! outnumber the living.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use hnsw_rs::prelude::Hnsw;
 use serde::{Deserialize, Serialize};
 
 use crate::fasthash::{HashMap, HashSet};
-use crate::model::{Edge, Embedding, Node, UnitCosine, POSITION_SCALE};
+use crate::hnsw::Hnsw;
+use crate::model::{Edge, Embedding, Node, POSITION_SCALE};
 use crate::name::Name;
 use crate::slots::SortedSet;
 
@@ -218,7 +218,7 @@ struct Entry {
 /// lists.
 pub struct SimilarityIndex {
     params: SimilarityParams,
-    hnsw: Hnsw<'static, Embedding, UnitCosine>,
+    hnsw: Hnsw,
     /// HNSW data id → its class; `None` once emptied.
     classes: Vec<Option<Class>>,
     /// [`Embedding::content_hash`] → the live classes with that hash.
@@ -242,7 +242,7 @@ type Before = BTreeMap<(Name, Name), Option<u32>>;
 
 impl SimilarityIndex {
     pub fn new(params: SimilarityParams) -> Self {
-        let hnsw = Self::new_hnsw(&params, 1024);
+        let hnsw = Self::new_hnsw(&params, 0);
         SimilarityIndex {
             params,
             hnsw,
@@ -288,8 +288,8 @@ impl SimilarityIndex {
         }
     }
 
-    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw<'static, Embedding, UnitCosine> {
-        Hnsw::new(params.max_connections, hint.max(1024), 16, params.ef_construction, UnitCosine)
+    fn new_hnsw(params: &SimilarityParams, hint: usize) -> Hnsw {
+        Hnsw::new(params.max_connections, params.ef_construction, hint)
     }
 
     pub fn len(&self) -> usize {
@@ -335,7 +335,7 @@ impl SimilarityIndex {
         let bulk = inserts.len() > self.params.exhaustive_below.max(self.entries.len());
         let mut fresh: Vec<Name> = Vec::new();
         for (node, emb) in inserts {
-            let id: Name = Name::from(node.id.as_str());
+            let id: Name = node.id.clone();
             if self.entries.contains_key(&id) {
                 // An insert of a live id without its retraction: replace (upstream sends both, but be total).
                 self.delete(&id, &mut before, &mut dirty);
@@ -471,7 +471,8 @@ impl SimilarityIndex {
             return c;
         }
         let slot = self.classes.len();
-        self.hnsw.insert_slice((std::slice::from_ref(&emb), slot));
+        let point = self.hnsw.insert(emb.clone());
+        debug_assert_eq!(point as usize, slot);
         self.classes.push(Some(Class { emb, members: SortedSet::default(), by_weakest: SortedSet::default() }));
         self.by_vector.entry(h).or_default().push(slot);
         slot
@@ -490,7 +491,7 @@ impl SimilarityIndex {
         }
         let doc = match self.by_doc.get_key_value(node.doc.as_str()) {
             Some((doc, _)) => doc.clone(),
-            None => Name::from(node.doc.as_str()),
+            None => node.doc.clone(),
         };
         self.by_doc.entry(doc.clone()).or_default().insert((node.pos, id.clone()));
         self.entries.insert(id, Entry { doc, pos: node.pos, class });
@@ -647,13 +648,13 @@ impl SimilarityIndex {
         loop {
             let ef = want.max(self.params.ef_search);
             // Tombstones (emptied classes) stay in the graph as waypoints; the hits drop them here, and the walk grows
-            // while the live hits fall short (hnsw_rs's filtered search walked much more of the graph).
-            let hits = self.hnsw.search(std::slice::from_ref(q), want, ef);
+            // while the live hits fall short.
+            let hits = self.hnsw.search(q, want, ef);
             // A short answer is the end of the index; else the worst hit falling out of range ends the search.
             let exhausted = want >= self.classes.len() || hits.len() < want;
-            let out_of_range = hits.last().is_some_and(|h| 1.0 - h.distance < min_cos - 1e-3);
+            let out_of_range = hits.last().is_some_and(|h| 1.0 - h.1 < min_cos - 1e-3);
             let live: Vec<(usize, f32)> =
-                hits.iter().filter(|h| self.classes[h.d_id].is_some()).map(|h| (h.d_id, 1.0 - h.distance)).collect();
+                hits.iter().map(|&(p, d)| (p as usize, 1.0 - d)).filter(|(c, _)| self.classes[*c].is_some()).collect();
             // Enough for a top-k list (the node itself is among the members).
             let members: usize = live.iter().map(|(c, _)| self.class(*c).members.len()).sum();
             if exhausted || want >= cap || (out_of_range && members > self.params.k) {
@@ -672,7 +673,7 @@ impl SimilarityIndex {
         self.tombstones = 0;
         for class in live {
             let slot = self.classes.len();
-            self.hnsw.insert_slice((std::slice::from_ref(&class.emb), slot));
+            self.hnsw.insert(class.emb.clone());
             self.by_vector.entry(class.emb.content_hash()).or_default().push(slot);
             for m in class.members.iter() {
                 self.entries.get_mut(m).expect("a member is live").class = Some(slot);
@@ -697,7 +698,7 @@ impl SimilarityIndex {
 
 /// A similarity index as a checkpoint holds it: what the nodes it was fed do not give again. The HNSW index's
 /// points in the order they went in (live or emptied), and every node's class and top-k list. Put in again in that
-/// order, the points make the same graph and leave hnsw_rs's level generator (seeded, drawn once per point) where
+/// order, the points make the same graph and leave the HNSW level generator (seeded, drawn once per point) where
 /// it was, so a restored index goes on exactly as the one it was taken from would have: past `exhaustive-below`
 /// the lists depend on the order of the inserts, not only on the live nodes, and a rebuild from the nodes would
 /// keep other edges.
@@ -717,10 +718,8 @@ impl IndexState {
 impl SimilarityIndex {
     /// The index's state, to restore it from with [`SimilarityIndex::restore`].
     pub fn state(&self) -> IndexState {
-        let mut points: Vec<(usize, Embedding)> =
-            self.hnsw.get_point_indexation().into_iter().map(|p| (p.get_origin_id(), p.get_v()[0].clone())).collect();
-        points.sort_by_key(|(slot, _)| *slot);
-        debug_assert!(points.iter().enumerate().all(|(i, (slot, _))| i == *slot) && points.len() == self.classes.len());
+        let points: Vec<Embedding> = (0..self.hnsw.len() as u32).map(|p| self.hnsw.point(p).clone()).collect();
+        debug_assert_eq!(points.len(), self.classes.len());
         let mut ids: Vec<&Name> = self.entries.keys().collect();
         ids.sort();
         let at: HashMap<&str, u32> = ids.iter().enumerate().map(|(i, id)| (&***id, i as u32)).collect();
@@ -732,7 +731,7 @@ impl SimilarityIndex {
                 (id.to_string(), self.entries[*id].class.map(|c| c as u32), list)
             })
             .collect();
-        IndexState { points: points.into_iter().map(|(_, e)| e).collect(), nodes }
+        IndexState { points, nodes }
     }
 
     /// The index `state` was taken from, given the nodes it held (`changes`: one batch that inserts exactly them, as
@@ -777,8 +776,8 @@ impl SimilarityIndex {
         }
         let mut index = SimilarityIndex::new(params);
         index.hnsw = Self::new_hnsw(&index.params, state.points.len());
-        for (slot, emb) in state.points.iter().enumerate() {
-            index.hnsw.insert_slice((std::slice::from_ref(emb), slot));
+        for emb in &state.points {
+            index.hnsw.insert(emb.clone());
             index.classes.push(Some(Class {
                 emb: emb.clone(),
                 members: SortedSet::default(),
@@ -787,7 +786,7 @@ impl SimilarityIndex {
         }
         let mut names: Vec<Option<Name>> = vec![None; state.nodes.len()];
         for (i, node, class) in placed {
-            let id: Name = Name::from(node.id.as_str());
+            let id: Name = node.id.clone();
             index.enter(id.clone(), node, class);
             names[i] = Some(id);
         }
@@ -832,7 +831,7 @@ pub fn reference_edges(params: &SimilarityParams, nodes: &[(Node, Embedding)]) -
         scored.sort_by(|x, y| y.0.total_cmp(&x.0).then_with(|| x.1.cmp(y.1)));
         for (s, _, j) in scored.into_iter().take(params.k) {
             let (u, v) = if a.id < nodes[j].0.id { (&a.id, &nodes[j].0.id) } else { (&nodes[j].0.id, &a.id) };
-            out.insert((u.clone(), v.clone(), micro(s)));
+            out.insert((u.to_string(), v.to_string(), micro(s)));
         }
     }
     out

@@ -43,13 +43,13 @@ fn turn(space_conv: (usize, usize), session: i64, n: i64, rng: &mut rand::rngs::
     let speaker = ["Ana", "Ben", "Cem"][rng.gen_range(0..3)];
     let minute = n * 3 + if rng.gen_bool(0.1) { 60 } else { 0 };
     let node = Node {
-        id: format!("D{session}:{n}"),
+        id: format!("D{session}:{n}").into(),
         kind: NodeKind::Turn,
-        doc: format!("conv{}", space_conv.1),
+        doc: format!("conv{}", space_conv.1).into(),
         pos: (session * 10_000 + n) * POSITION_SCALE,
-        text: text.join(" "),
+        text: text.join(" ").into(),
         speaker: Some(speaker.into()),
-        ts: Some(format!("2026-11-{:02}T{:02}:{:02}:00Z", 1 + session, 8 + minute / 60, minute % 60)),
+        ts: Some(format!("2026-11-{:02}T{:02}:{:02}:00Z", 1 + session, 8 + minute / 60, minute % 60).into()),
     };
     (format!("space{}", space_conv.0), node)
 }
@@ -59,7 +59,7 @@ type Out = (BTreeSet<(String, EventRow)>, BTreeSet<(String, RelationRow)>);
 fn expected(live: &BTreeMap<(String, String, String), Node>) -> Out {
     let mut groups: BTreeMap<(String, String, i64), Vec<&Node>> = BTreeMap::new();
     for ((s, _, _), n) in live {
-        groups.entry((s.clone(), n.doc.clone(), session_of(n))).or_default().push(n);
+        groups.entry((s.clone(), n.doc.to_string(), session_of(n))).or_default().push(n);
     }
     let mut out = Out::default();
     for ((s, conv, session), turns) in groups {
@@ -149,7 +149,7 @@ fn events_equal_the_sequential_definition_after_every_epoch() {
                     let n = next.entry(key).or_insert(0);
                     *n += 1;
                     let (s, node) = turn((key.0, key.1), key.2, *n, &mut rng);
-                    let k = (s.clone(), node.doc.clone(), node.id.clone());
+                    let k = (s.clone(), node.doc.to_string(), node.id.to_string());
                     if let Some(old) = live.insert(k, node.clone()) {
                         step.push((s.clone(), old, -1));
                     }
@@ -159,7 +159,7 @@ fn events_equal_the_sequential_definition_after_every_epoch() {
                     let k = existing[rng.gen_range(0..existing.len())].clone();
                     let old = live[&k].clone();
                     let mut new = old.clone();
-                    new.text = format!("{} storm because flooded", old.text);
+                    new.text = format!("{} storm because flooded", old.text).into();
                     live.insert(k.clone(), new.clone());
                     step.push((k.0.clone(), old, -1));
                     step.push((k.0, new, 1));

@@ -47,11 +47,11 @@ fn expected(live: &BTreeSet<Ev>) -> BTreeSet<(String, String, String)> {
             .filter(|e| e.0 == space)
             .map(|e| {
                 let node = Node {
-                    id: e.1.clone(),
+                    id: e.1.as_str().into(),
                     kind: NodeKind::Summary,
-                    doc: e.1.clone(),
+                    doc: e.1.as_str().into(),
                     pos: 0,
-                    text: String::new(),
+                    text: Default::default(),
                     speaker: None,
                     ts: None,
                 };

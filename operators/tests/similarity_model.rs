@@ -77,11 +77,11 @@ fn workload_with(seed: u64, batches: usize, per_batch: usize, duplicates: bool) 
                         batch.push((space.clone(), old, -1));
                     }
                     let node = Node {
-                        id: format!("{doc}#{seq}"),
+                        id: format!("{doc}#{seq}").into(),
                         kind: NodeKind::Chunk,
-                        doc: doc.clone(),
+                        doc: doc.as_str().into(),
                         pos: seq * POSITION_SCALE,
-                        text: random_text(&mut rng, duplicates),
+                        text: random_text(&mut rng, duplicates).into(),
                         speaker: None,
                         ts: None,
                     };

@@ -1,4 +1,4 @@
-//! The views' nearest-neighbour index over one space's layer-0 embeddings (hnsw_rs): what retrieval reads instead of
+//! The views' nearest-neighbour index over one space's layer-0 embeddings ([`operators::hnsw`]): what retrieval reads instead of
 //! every node once a space holds `query.exhaustive-below` nodes, so that a query costs an index lookup and a bounded
 //! candidate set, not a pass over the memory. Below that size retrieval stays exact (a pass costs less than a walk).
 //!
@@ -6,7 +6,7 @@
 //! share one point of the index, which names them all: a plateau of equal scores is one point for the walk instead of
 //! hundreds that crowd the search's candidate list, and a search expands a point to its nodes.
 //!
-//! hnsw_rs cannot delete: a point whose nodes all left or were replaced is tombstoned and filtered out of searches
+//! HNSW cannot delete: a point whose nodes all left or were replaced is tombstoned and filtered out of searches
 //! (and taken up again by a node that comes with its vector), and the index is rebuilt from the live nodes when
 //! tombstones outnumber the live points.
 //!
@@ -18,9 +18,8 @@
 
 use std::collections::HashMap;
 
-use hnsw_rs::prelude::Hnsw;
-use operators::model::UnitCosine;
-use operators::Embedding;
+use operators::hnsw::Hnsw;
+use operators::{Embedding, Name};
 
 /// The index's parameters (`query.ann-*` keys).
 #[derive(Clone, Debug)]
@@ -84,41 +83,39 @@ impl std::ops::DerefMut for AnnSlot {
 pub struct IndexBuild {
     pub space: String,
     pub params: AnnParams,
-    pub nodes: Vec<(String, Embedding)>,
+    pub nodes: Vec<(Name, Embedding)>,
 }
 
 /// A built index, with the vectors it was built over (to catch up with what changed since).
 pub struct BuiltIndex {
     pub space: String,
     pub index: NodeAnn,
-    pub nodes: Vec<(String, Embedding)>,
+    pub nodes: Vec<(Name, Embedding)>,
 }
 
 impl IndexBuild {
-    /// Builds the index, inserting on every core (rayon).
+    /// Builds the index.
     pub fn run(self) -> BuiltIndex {
         let mut index = NodeAnn::empty(&self.params, self.nodes.len());
-        let mut fresh: Vec<usize> = Vec::new();
         for (id, e) in &self.nodes {
             if let Some(slot) = index.place(id, e) {
-                fresh.push(slot);
+                let point = index.hnsw.insert(index.points[slot].0.clone());
+                debug_assert_eq!(point as usize, slot);
             }
         }
-        let data: Vec<(&[Embedding], usize)> =
-            fresh.iter().map(|slot| (std::slice::from_ref(&index.points[*slot].0), *slot)).collect();
-        index.hnsw.parallel_insert_slice(&data);
         BuiltIndex { space: self.space, index, nodes: self.nodes }
     }
 }
 
 pub struct NodeAnn {
-    hnsw: Hnsw<'static, Embedding, UnitCosine>,
-    /// Point slot → its vector and the live nodes that have it, sorted (none: a tombstone).
-    points: Vec<(Embedding, Vec<String>)>,
+    hnsw: Hnsw,
+    /// Point slot → its vector and the live nodes that have it, sorted (none: a tombstone). The names are the
+    /// views' own, shared.
+    points: Vec<(Embedding, Vec<Name>)>,
     /// A vector's hash → the points with a vector of that hash.
     by_vector: HashMap<u64, Vec<usize>>,
     /// Live node → its point.
-    live: HashMap<String, usize>,
+    live: HashMap<Name, usize>,
     /// Points with at least one live node.
     live_points: usize,
     ef_search: usize,
@@ -127,8 +124,8 @@ pub struct NodeAnn {
 
 impl NodeAnn {
     /// An index over `nodes` (id, embedding).
-    pub fn build<'a>(params: &AnnParams, nodes: impl Iterator<Item = (&'a String, &'a Embedding)>) -> Self {
-        let nodes: Vec<(&String, &Embedding)> = nodes.collect();
+    pub fn build<'a>(params: &AnnParams, nodes: impl Iterator<Item = (&'a Name, &'a Embedding)>) -> Self {
+        let nodes: Vec<(&Name, &Embedding)> = nodes.collect();
         let mut ann = NodeAnn::empty(params, nodes.len());
         for (id, e) in nodes {
             ann.insert(id, e);
@@ -139,7 +136,7 @@ impl NodeAnn {
     /// An empty index sized for `n` nodes.
     fn empty(params: &AnnParams, n: usize) -> Self {
         NodeAnn {
-            hnsw: Hnsw::new(params.max_connections, n.max(1024), 16, params.ef_construction, UnitCosine),
+            hnsw: Hnsw::new(params.max_connections, params.ef_construction, n),
             points: Vec::new(),
             by_vector: HashMap::new(),
             live: HashMap::with_capacity(n),
@@ -153,11 +150,11 @@ impl NodeAnn {
     /// tombstoned, what changed or came is inserted. Costs a look-up per node, and an insertion per change.
     pub fn catch_up(
         &mut self,
-        built: &[(String, Embedding)],
-        now: &operators::fasthash::HashMap<String, (operators::Node, Embedding)>,
+        built: &[(Name, Embedding)],
+        now: &operators::fasthash::HashMap<Name, (operators::Node, Embedding)>,
     ) {
         for (id, e) in built {
-            match now.get(id) {
+            match now.get(id.as_str()) {
                 Some((_, current)) if current == e => {}
                 Some((_, current)) => self.insert(id, current),
                 None => {
@@ -200,7 +197,7 @@ impl NodeAnn {
 
     /// Files `id` (not live; a zero vector is not filed) under the point of its vector: an existing point (live, or a
     /// tombstone taken up again) or a new slot, returned, which the caller inserts into the walk.
-    fn place(&mut self, id: &str, emb: &Embedding) -> Option<usize> {
+    fn place(&mut self, id: &Name, emb: &Embedding) -> Option<usize> {
         if emb.is_zero() {
             return None;
         }
@@ -218,17 +215,18 @@ impl NodeAnn {
             self.live_points += 1;
         }
         if let Err(at) = ids.binary_search_by(|x| x.as_str().cmp(id)) {
-            ids.insert(at, id.to_string());
+            ids.insert(at, id.clone());
         }
-        self.live.insert(id.to_string(), slot);
+        self.live.insert(id.clone(), slot);
         new.then_some(slot)
     }
 
     /// Adds (or replaces) a node. A node with no features (a zero vector) is not indexed: it is nobody's neighbour.
-    pub fn insert(&mut self, id: &str, emb: &Embedding) {
+    pub fn insert(&mut self, id: &Name, emb: &Embedding) {
         self.remove(id);
         if let Some(slot) = self.place(id, emb) {
-            self.hnsw.insert_slice((std::slice::from_ref(&self.points[slot].0), slot));
+            let point = self.hnsw.insert(self.points[slot].0.clone());
+            debug_assert_eq!(point as usize, slot);
         }
     }
 
@@ -249,9 +247,9 @@ impl NodeAnn {
 
     /// The index rebuilt over the live nodes (their embeddings from `embedding`).
     pub fn rebuilt<'a>(&self, embedding: impl Fn(&str) -> Option<&'a Embedding>) -> Self {
-        let mut ids: Vec<&String> = self.live.keys().collect();
+        let mut ids: Vec<&Name> = self.live.keys().collect();
         ids.sort();
-        let nodes: Vec<(&String, &Embedding)> = ids.into_iter().filter_map(|id| Some((id, embedding(id)?))).collect();
+        let nodes: Vec<(&Name, &Embedding)> = ids.into_iter().filter_map(|id| Some((id, embedding(id)?))).collect();
         NodeAnn::build(&self.params, nodes.into_iter())
     }
 
@@ -263,18 +261,13 @@ impl NodeAnn {
         }
         let ef = self.ef_search.max(k);
         let tombstones = self.points.len() > self.live_points;
-        let filter = |d: &usize| self.points.get(*d).is_some_and(|p| !p.1.is_empty());
-        // hnsw_rs filters after cutting to `k`: with tombstones, ask for more and cut here.
-        let hits = if tombstones {
-            self.hnsw.search_filter(std::slice::from_ref(q), k, ef, Some(&filter))
-        } else {
-            self.hnsw.search(std::slice::from_ref(q), k, ef)
-        };
+        let filter = |p: u32| self.points.get(p as usize).is_some_and(|p| !p.1.is_empty());
+        let hits = self.hnsw.search_where(q, k, ef, tombstones.then_some(&filter));
         let mut out: Vec<(f32, &str)> = Vec::with_capacity(k);
-        for h in hits {
-            let Some((_, ids)) = self.points.get(h.d_id) else { continue };
+        for (p, d) in hits {
+            let Some((_, ids)) = self.points.get(p as usize) else { continue };
             // Only a point's first k nodes by id can be among the k best.
-            out.extend(ids.iter().take(k).map(|id| (1.0 - h.distance, id.as_str())));
+            out.extend(ids.iter().take(k).map(|id| (1.0 - d, id.as_str())));
         }
         out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         out.truncate(k);
@@ -291,16 +284,16 @@ mod tests {
     #[test]
     fn the_index_finds_forgets_and_rebuilds() {
         let emb = HashEmbedder::default();
-        let texts: Vec<(String, Embedding)> = (0..3000)
+        let texts: Vec<(Name, Embedding)> = (0..3000)
             .map(|i| {
                 let t = format!("story {} about topic{} and word{} w{}", i, i % 37, i % 101, i % 7);
-                (format!("n{i:05}"), emb.embed(&t))
+                (Name::from(format!("n{i:05}")), emb.embed(&t))
             })
             .collect();
         let params = AnnParams { exhaustive_below: 0, ..AnnParams::default() };
         let mut ann = NodeAnn::build(&params, texts.iter().map(|(id, e)| (id, e)));
         assert_eq!(ann.len(), 3000);
-        let found = (0..3000).step_by(97).filter(|i| ann.search(&texts[*i].1, 5)[0].1 == texts[*i].0).count();
+        let found = (0..3000).step_by(97).filter(|i| ann.search(&texts[*i].1, 5)[0].1 == texts[*i].0.as_str()).count();
         assert!(found >= 30, "{found} of 31 nodes are their own nearest");
         for (id, _) in texts.iter().take(2000) {
             ann.remove(id);
@@ -320,11 +313,16 @@ mod tests {
     #[test]
     fn identical_vectors_share_one_point() {
         let emb = HashEmbedder::default();
-        let mut nodes: Vec<(String, Embedding)> = (0..1500)
-            .map(|i| (format!("n{i:05}"), emb.embed(&format!("story {} about topic{} and word{}", i, i % 37, i % 101))))
+        let mut nodes: Vec<(Name, Embedding)> = (0..1500)
+            .map(|i| {
+                (
+                    Name::from(format!("n{i:05}")),
+                    emb.embed(&format!("story {} about topic{} and word{}", i, i % 37, i % 101)),
+                )
+            })
             .collect();
         // 500 turns of one backchannel, each embedded on its own (equal values, separate allocations).
-        nodes.extend((0..500).map(|i| (format!("y{i:03}"), emb.embed("mm-hmm coffee break ."))));
+        nodes.extend((0..500).map(|i| (Name::from(format!("y{i:03}")), emb.embed("mm-hmm coffee break ."))));
         let params = AnnParams { exhaustive_below: 0, ..AnnParams::default() };
         let built = IndexBuild { space: "s".into(), params: params.clone(), nodes: nodes.clone() }.run().index;
         let mut ann = NodeAnn::build(&params, nodes.iter().map(|(id, e)| (id, e)));
@@ -342,11 +340,11 @@ mod tests {
         ann.remove("y250");
         assert!(ann.search(&yeah, 20).iter().all(|h| !h.1.starts_with('y')), "a tombstone is never a hit");
         assert_eq!((ann.len(), ann.points()), (1500, 1501));
-        ann.insert("z", &emb.embed("mm-hmm coffee break ."));
+        ann.insert(&"z".into(), &emb.embed("mm-hmm coffee break ."));
         assert_eq!((ann.len(), ann.points()), (1501, 1501), "the tombstone is taken up again");
         assert_eq!(ann.search(&yeah, 1)[0].1, "z");
         // A node replaced by another vector leaves its point.
-        ann.insert("z", &emb.embed("something else entirely"));
+        ann.insert(&"z".into(), &emb.embed("something else entirely"));
         assert!(ann.search(&yeah, 5).iter().all(|h| h.1 != "z"));
     }
 }

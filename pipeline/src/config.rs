@@ -320,7 +320,7 @@ pub struct QueryConfig {
     pub exhaustive_below: usize,
     /// Over an indexed space: the nearest nodes by cosine, and the best by BM25, that retrieval reads (each).
     pub candidates: usize,
-    /// The index (hnsw_rs): links per node, and candidate lists while inserting and searching.
+    /// The index (HNSW): links per node, and candidate lists while inserting and searching.
     pub ann_max_connections: usize,
     pub ann_ef_construction: usize,
     pub ann_ef_search: usize,

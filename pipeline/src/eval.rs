@@ -472,7 +472,7 @@ fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
             let m = member.entry(space.as_str()).or_default();
             for id in v.nodes.keys() {
                 let gs: HashSet<String> = if by_topic {
-                    v.event_of.get(id).and_then(|e| v.topic_of.get(e)).cloned().into_iter().collect()
+                    v.event_of.get(id.as_str()).and_then(|e| v.topic_of.get(e)).cloned().into_iter().collect()
                 } else {
                     v.parents
                         .get(id.as_str())
@@ -483,7 +483,7 @@ fn compare_groupings(shared: &Shared, questions: &[Question]) -> Value {
                         .collect()
                 };
                 memberships += gs.len();
-                let turn = operators::model::split_node_id(id).map_or_else(|| id.clone(), |(_, t)| t);
+                let turn = operators::model::split_node_id(id).map_or_else(|| id.to_string(), |(_, t)| t);
                 m.insert(turn, gs);
             }
             groups += if by_topic {

@@ -566,7 +566,7 @@ pub(crate) fn node_json(s: &Shared, space: &str, id: &str) -> Result<serde_json:
     neighbours.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let parents: Vec<&str> =
         view.parents.get(id.as_str()).map(|p| p.iter().map(|c| c.as_str()).collect()).unwrap_or_default();
-    if let Some((n, _)) = view.nodes.get(&id) {
+    if let Some((n, _)) = view.nodes.get(id.as_str()) {
         return Ok(json!({
             "id": n.id, "layer": 0, "kind": n.kind, "text": n.text, "source": query::source_of(n),
             "neighbours": neighbours.iter().map(|(v, w)| json!({"id": v, "weight": *w as f64 / 1e6})).collect::<Vec<_>>(),
@@ -713,7 +713,7 @@ async fn layer(
     let view = space_view(&views, &space)?;
     let clip = |t: &str| t.split_whitespace().take(30).collect::<Vec<_>>().join(" ");
     let (total, nodes) = if layer == 0 {
-        let mut ids: Vec<&String> = view.nodes.keys().collect();
+        let mut ids: Vec<&operators::Name> = view.nodes.keys().collect();
         ids.sort();
         let nodes = ids
             .iter()
@@ -721,7 +721,7 @@ async fn layer(
             .take(limit)
             .map(|id| {
                 let (n, _) = &view.nodes[*id];
-                crate::openapi::LayerNode { id: n.id.clone(), members: 0, text: Some(clip(&n.text)) }
+                crate::openapi::LayerNode { id: n.id.to_string(), members: 0, text: Some(clip(&n.text)) }
             })
             .collect();
         (ids.len(), nodes)

@@ -183,19 +183,19 @@ pub struct SessionEvents {
 
 #[derive(Default, Clone)]
 pub struct SpaceView {
-    pub nodes: HashMap<String, (Node, Embedding)>,
+    pub nodes: HashMap<operators::Name, (Node, Embedding)>,
     /// The nearest-neighbour index over `nodes`, once the space holds `query.exhaustive-below` of them: retrieval then
     /// reads candidates from it instead of every node ([`crate::ann`]).
     pub ann: crate::ann::AnnSlot,
     /// Speaker → how many layer-0 nodes they said (a question naming a speaker is matched against these).
-    pub speakers: BTreeMap<String, usize>,
+    pub speakers: BTreeMap<operators::Name, usize>,
     /// BM25 over the layer-0 texts (hybrid retrieval).
     pub lexical: operators::lexical::LexicalIndex,
     /// Document → its layer-0 nodes by position (a turn's or chunk's neighbours in reading order).
-    pub order: HashMap<String, BTreeMap<i64, String>>,
+    pub order: HashMap<operators::Name, BTreeMap<i64, operators::Name>>,
     /// Layer-0 node → |its embedding + the embedding of the node just before it| (when it has one): relevance reads a
     /// node together with the one before it, and this keeps that from costing a second dot product per node and query.
-    pub with_before: HashMap<String, f32>,
+    pub with_before: HashMap<operators::Name, f32>,
     /// Adjacency of every layer (cluster ids never collide with layer-0 ids: they are `L<layer>:<hash>`). Node and
     /// cluster names here, in `clusters`' members and in `parents` are shared ([`SpaceView::names`]).
     pub adjacency: HashMap<operators::Name, Links>,
@@ -263,9 +263,9 @@ impl SpaceView {
             let (_, pe) = self.nodes.get(self.before(n)?)?;
             Some((e.dot(e) + pe.dot(pe) + 2.0 * e.dot(pe)).max(0.0).sqrt())
         });
-        match norm {
-            Some(v) => self.with_before.insert(id.to_string(), v),
-            None => self.with_before.remove(id),
+        match (norm, self.nodes.get_key_value(id)) {
+            (Some(v), Some((id, _))) => self.with_before.insert(id.clone(), v),
+            _ => self.with_before.remove(id),
         };
     }
 
@@ -333,7 +333,7 @@ impl SpaceView {
     fn install_index(
         &mut self,
         mut index: crate::ann::NodeAnn,
-        built: &[(String, Embedding)],
+        built: &[(operators::Name, Embedding)],
         params: &crate::ann::AnnParams,
     ) {
         self.ann.building = false;
@@ -589,7 +589,7 @@ impl Views {
         for (u, d) in updates {
             match u {
                 ViewUpdate::Node(space, node, emb) => {
-                    moved.insert((space.clone(), node.doc.clone(), node.pos));
+                    moved.insert((space.clone(), node.doc.to_string(), node.pos));
                     let view = self.spaces.entry(space.clone()).or_default();
                     if view.apply_node(node, emb, d, &self.ann) {
                         self.index_builds.insert(space);
@@ -671,8 +671,10 @@ impl Views {
         for (space, doc, pos) in moved {
             let Some(view) = self.spaces.get_mut(&space) else { continue };
             // The node at the position (if any is left) and the first after it.
-            let ids: Vec<String> =
-                view.order.get(&doc).map_or(Vec::new(), |o| o.range(pos..).take(2).map(|(_, id)| id.clone()).collect());
+            let ids: Vec<operators::Name> = view
+                .order
+                .get(doc.as_str())
+                .map_or(Vec::new(), |o| o.range(pos..).take(2).map(|(_, id)| id.clone()).collect());
             for id in ids {
                 view.refresh_before(&id);
             }
@@ -829,7 +831,7 @@ impl Views {
             .into_iter()
             .filter_map(|space| {
                 let view = self.spaces.get(&space)?;
-                let mut nodes: Vec<(String, Embedding)> =
+                let mut nodes: Vec<(operators::Name, Embedding)> =
                     view.nodes.iter().map(|(id, (_, e))| (id.clone(), e.clone())).collect();
                 nodes.sort_by(|a, b| a.0.cmp(&b.0));
                 Some(crate::ann::IndexBuild { space, params: self.ann.clone(), nodes })
@@ -1139,7 +1141,7 @@ mod tests {
         let at = |i: i64, gen: u32| {
             let pos = if i > 5 { (i + 10) * step } else { i * step };
             let text = format!("turn {i} version {gen} {}", i * 7 % 5);
-            let n = Node { id: format!("n{i}"), pos, text, ..node("x", "") };
+            let n = Node { id: format!("n{i}").into(), pos, text: text.into(), ..node("x", "") };
             let emb = e.embed(&n.text);
             ViewUpdate::Node("s".into(), n, emb)
         };
@@ -1181,12 +1183,12 @@ mod tests {
             let mut want: HashMap<String, f32> = HashMap::default();
             for (id, (n, emb)) in &view.nodes {
                 if let Some((_, pe)) = view.before(n).and_then(|p| view.nodes.get(p)) {
-                    want.insert(id.clone(), (emb.dot(emb) + pe.dot(pe) + 2.0 * emb.dot(pe)).sqrt());
+                    want.insert(id.to_string(), (emb.dot(emb) + pe.dot(pe) + 2.0 * emb.dot(pe)).sqrt());
                 }
             }
             assert_eq!(view.with_before.len(), want.len(), "{:?} {:?}", view.with_before, want);
             for (id, w) in &want {
-                assert!((view.with_before[id] - w).abs() < 1e-5, "{id}");
+                assert!((view.with_before[id.as_str()] - w).abs() < 1e-5, "{id}");
             }
         }
         assert!(!v.spaces.is_empty());

@@ -36,7 +36,7 @@ where
     type Key = (String, String, i64);
     let turns = nodes
         .filter(|(_, n)| n.kind == crate::model::NodeKind::Turn)
-        .map(|(s, n)| ((s, n.doc.clone(), session_of(&n)), n));
+        .map(|(s, n)| ((s, n.doc.to_string(), session_of(&n)), n));
     // Each session's content key (only with a model).
     let keys = turns.clone().filter(move |_| with_model).reduce(
         |_k: &Key, turns: &[(&crate::model::Node, isize)], out: &mut Vec<((String, Vec<TurnIn>), isize)>| {

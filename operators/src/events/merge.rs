@@ -43,12 +43,13 @@ where
     T: timely::progress::Timestamp + differential_dataflow::lattice::Lattice + timely::order::TotalOrder,
 {
     let nodes = vectors.map(|(s, id, v)| {
+        let id = crate::name::Name::from(id);
         let node = crate::model::Node {
             id: id.clone(),
             kind: crate::model::NodeKind::Summary,
             doc: id,
             pos: 0,
-            text: String::new(),
+            text: crate::name::Name::default(),
             speaker: None,
             ts: None,
         };

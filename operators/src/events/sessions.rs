@@ -67,10 +67,10 @@ pub(crate) fn sorted_turns<'a>(turns: &[&'a crate::model::Node]) -> (Vec<&'a cra
     let input = turns
         .iter()
         .map(|n| TurnIn {
-            id: n.id.clone(),
-            speaker: n.speaker.clone().unwrap_or_default(),
-            text: n.text.clone(),
-            ts: n.ts.clone(),
+            id: n.id.to_string(),
+            speaker: n.speaker.as_deref().unwrap_or_default().to_string(),
+            text: n.text.to_string(),
+            ts: n.ts.as_deref().map(str::to_string),
         })
         .collect();
     (turns, input)
@@ -139,7 +139,7 @@ mod live_answer_tests {
 
     fn node(i: i64, text: &str) -> Node {
         Node {
-            id: format!("m#T{i}"),
+            id: format!("m#T{i}").into(),
             kind: NodeKind::Turn,
             doc: "m".into(),
             pos: i,

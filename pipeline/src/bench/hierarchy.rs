@@ -46,11 +46,11 @@ fn synthetic(start: usize, n: usize, topics: u64) -> Vec<(String, Node, isize)> 
             })
             .collect();
         let node = Node {
-            id: format!("d{doc}#{}", i % 8),
+            id: format!("d{doc}#{}", i % 8).into(),
             kind: operators::NodeKind::Chunk,
-            doc: format!("d{doc}"),
+            doc: format!("d{doc}").into(),
             pos: (i % 8) as i64 * operators::model::POSITION_SCALE,
-            text: words.join(" "),
+            text: words.join(" ").into(),
             speaker: None,
             ts: None,
         };

@@ -384,13 +384,7 @@ fn query_latency(
 /// Streams `rate` records a second for `seconds` into the space and measures each record's time from receipt
 /// (queued) to the views reflecting its epoch (`as_of`: layer 0 and events): p50, p95, max (ms); and the same to
 /// the hierarchy reflecting it (`hierarchy_as_of`).
-fn freshness(
-    shared: &Shared,
-    corpus: &mut Corpus,
-    fed: &mut usize,
-    rate: f64,
-    seconds: f64,
-) -> anyhow::Result<Value> {
+fn freshness(shared: &Shared, corpus: &mut Corpus, fed: &mut usize, rate: f64, seconds: f64) -> anyhow::Result<Value> {
     let total = (rate * seconds).round() as usize;
     if total == 0 {
         return Ok(Value::Null);

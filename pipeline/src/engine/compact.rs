@@ -111,7 +111,7 @@ mod tests {
                 ingestor.apply(rec);
             }
         }
-        let mut out: Vec<(String, String)> = ingestor.nodes().map(|n| (n.id.clone(), n.text.clone())).collect();
+        let mut out: Vec<(String, String)> = ingestor.nodes().map(|n| (n.id.to_string(), n.text.to_string())).collect();
         out.sort();
         out
     }

@@ -220,7 +220,7 @@ fn views_sink<'s>(
 /// Layer 0's consolidated changes, as the structure takes them.
 #[derive(Default)]
 struct Layer0 {
-    texts: Vec<(((String, String), String), isize)>,
+    texts: Vec<(((String, operators::Name), operators::Name), isize)>,
     edges: Vec<((String, String, String, u64), isize)>,
 }
 

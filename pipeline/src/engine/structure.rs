@@ -32,8 +32,8 @@ pub(crate) enum StructureInput {
     /// The views hold `through`: layer 0's changes in the epochs up to it not handed over before.
     Layer0 {
         through: u64,
-        /// `(((space, node), text), diff)`.
-        texts: Vec<(((String, String), String), isize)>,
+        /// `(((space, node), text), diff)`: the node's and the text's names are the views' own.
+        texts: Vec<(((String, Name), Name), isize)>,
         /// `((space, u, v, weight), diff)`.
         edges: Vec<((String, String, String, u64), isize)>,
     },
@@ -101,7 +101,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
                     fed |= !ts.is_empty() || !es.is_empty();
                     taken += ts.len() as u64;
                     for (((s, n), t), d) in ts {
-                        texts.update(((names.take(s), names.take(n)), names.take(t)), d);
+                        texts.update(((names.take(s), names.adopt(n)), names.adopt(t)), d);
                     }
                     for ((s, u, v, w), d) in es {
                         edges.update((names.take(s), names.take(u), names.take(v), w), d);

@@ -137,7 +137,7 @@ fn spread<'a>(
             .iter()
             .filter_map(|id| view.events.get_key_value(id))
             .map(|(id, e)| {
-                let pos = e.turns.first().and_then(|t| view.nodes.get(t)).map_or(i64::MAX, |(n, _)| n.pos);
+                let pos = e.turns.first().and_then(|t| view.nodes.get(t.as_str())).map_or(i64::MAX, |(n, _)| n.pos);
                 (pos, id.as_str())
             })
             .collect();
@@ -362,11 +362,11 @@ mod tests {
                 let turns: Vec<String> = (0..8).map(|t| format!("{conv}-{}", e * 8 + t)).collect();
                 for (i, id) in turns.iter().enumerate() {
                     let n = Node {
-                        id: id.clone(),
+                        id: id.as_str().into(),
                         kind: NodeKind::Turn,
                         doc: conv.into(),
                         pos: ((e * 8 + i) as i64) * POSITION_SCALE,
-                        text: words(id),
+                        text: words(id).into(),
                         speaker: None,
                         ts: None,
                     };

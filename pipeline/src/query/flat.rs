@@ -39,9 +39,9 @@ pub fn flat(
         let text: Vec<&str> = node.text.split_whitespace().collect();
         let take = text.len().min(budget_words - words);
         words += take;
-        let text = if take == text.len() { node.text.clone() } else { text[..take].join(" ") };
+        let text = if take == text.len() { node.text.to_string() } else { text[..take].join(" ") };
         trace.push(json!({"step": "keep", "id": node.id, "score": score, "why": "top-k by cosine"}));
-        out.push(Evidence { id: node.id.clone(), layer: 0, kind: node.kind, text, score, source: source_of(node) });
+        out.push(Evidence { id: node.id.to_string(), layer: 0, kind: node.kind, text, score, source: source_of(node) });
     }
     (out, trace)
 }

@@ -141,7 +141,7 @@ pub fn source_of(node: &Node) -> serde_json::Value {
 fn evidence_text(n: &Node) -> String {
     match &n.speaker {
         Some(sp) => format!("{sp}: {}", n.text),
-        None => n.text.clone(),
+        None => n.text.to_string(),
     }
 }
 
@@ -198,11 +198,12 @@ fn passages<'a>(
         let mut source = source_of(first);
         source["nodes"] = json!(run.iter().map(|(n, _)| n.id.as_str()).collect::<Vec<_>>());
         let events: std::collections::BTreeSet<&String> =
-            run.iter().filter_map(|(n, _)| view.event_of.get(&n.id)).collect();
+            run.iter().filter_map(|(n, _)| view.event_of.get(n.id.as_str())).collect();
         if !events.is_empty() {
             source["events"] = json!(events);
         }
-        let id = if run.len() == 1 { first.id.clone() } else { format!("{}..{}", first.id, run[run.len() - 1].0.id) };
+        let id =
+            if run.len() == 1 { first.id.to_string() } else { format!("{}..{}", first.id, run[run.len() - 1].0.id) };
         let why: std::collections::BTreeSet<&str> = run.iter().map(|r| r.1).collect();
         trace.push(json!({"step": "keep", "id": id, "score": s, "why": why}));
         out.push(Evidence {

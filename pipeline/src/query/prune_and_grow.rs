@@ -71,7 +71,7 @@ pub fn prune_and_grow(
     } else {
         view.nodes
             .keys()
-            .map(String::as_str)
+            .map(operators::Name::as_str)
             .chain(view.clusters.keys().map(String::as_str))
             .filter_map(|id| score(id).map(|s| (s, id)))
             .collect()
@@ -227,17 +227,17 @@ mod tests {
         let mut updates = Vec::new();
         for i in 0..2000 {
             let node = Node {
-                id: format!("c#D{}:{}", i / 200 + 1, i % 200 + 1),
+                id: format!("c#D{}:{}", i / 200 + 1, i % 200 + 1).into(),
                 kind: NodeKind::Turn,
                 doc: "c".into(),
                 pos: i as i64 * operators::model::POSITION_SCALE,
-                text: format!("{} said {} at {}", ["Ana", "Ben"][i % 2], subjects[(i / 10) % 4], i % 37),
-                speaker: Some(["Ana", "Ben"][i % 2].to_string()),
+                text: format!("{} said {} at {}", ["Ana", "Ben"][i % 2], subjects[(i / 10) % 4], i % 37).into(),
+                speaker: Some(["Ana", "Ben"][i % 2].into()),
                 ts: None,
             };
             let emb = e.embed(&node.embedding_text());
             let cluster = format!("L1:{}", i / 10);
-            updates.push((ViewUpdate::Cluster("s".into(), 1, cluster, node.id.clone()), 1));
+            updates.push((ViewUpdate::Cluster("s".into(), 1, cluster, node.id.to_string()), 1));
             updates.push((ViewUpdate::Node("s".into(), node, emb), 1));
         }
         for c in 0..200 {

@@ -65,7 +65,7 @@ fn candidates<'a>(
     ann: &'a crate::ann::NodeAnn,
     query: &Embedding,
     lexical: &operators::fasthash::HashMap<&'a str, f32>,
-) -> Vec<Vec<(i64, &'a String)>> {
+) -> Vec<Vec<(i64, &'a operators::Name)>> {
     let c = ann.candidates();
     let mut by_bm25: Vec<(f32, &str)> = lexical.iter().map(|(id, s)| (*s, *id)).collect();
     if by_bm25.len() > c {
@@ -73,7 +73,7 @@ fn candidates<'a>(
         by_bm25.truncate(c);
     }
     let hits = ann.search(query, c).into_iter().chain(by_bm25).map(|(_, id)| id);
-    let mut docs: HashMap<&'a str, BTreeMap<i64, &'a String>> = HashMap::new();
+    let mut docs: HashMap<&'a str, BTreeMap<i64, &'a operators::Name>> = HashMap::new();
     for id in hits {
         let Some((n, _)) = view.nodes.get(id) else { continue };
         let Some(order) = view.order.get(&n.doc) else { continue };
@@ -83,7 +83,7 @@ fn candidates<'a>(
             doc.insert(*p, id);
         }
     }
-    let mut out: Vec<(&str, Vec<(i64, &String)>)> =
+    let mut out: Vec<(&str, Vec<(i64, &operators::Name)>)> =
         docs.into_iter().map(|(d, o)| (d, o.into_iter().collect())).collect();
     out.sort_by(|a, b| a.0.cmp(b.0));
     out.into_iter().map(|(_, o)| o).collect()
@@ -108,7 +108,7 @@ impl<'a> Relevance<'a> {
         let names: Vec<&'a str> = view
             .speakers
             .keys()
-            .map(String::as_str)
+            .map(operators::Name::as_str)
             .filter(|s| {
                 let ws = operators::embed::words(s);
                 !ws.is_empty() && ws.iter().all(|w| asked.contains(w))
@@ -125,7 +125,7 @@ impl<'a> Relevance<'a> {
         // apart), so that context is a neighbour in a vector, not a lookup; a node the order does not hold (a
         // position two nodes claim) is a segment of its own. Over an indexed space, only the candidates: the
         // nearest by cosine, the best by BM25, and the nodes beside each in its document.
-        let docs: Vec<Vec<(i64, &'a String)>> = match view.ann.as_ref() {
+        let docs: Vec<Vec<(i64, &'a operators::Name)>> = match view.ann.as_ref() {
             None => view.order.values().map(|o| o.iter().map(|(p, id)| (*p, id)).collect()).collect(),
             Some(ann) => candidates(view, ann, &query, &lexical),
         };
@@ -137,7 +137,7 @@ impl<'a> Relevance<'a> {
             // (position, cosine) of the node before.
             let mut last: Option<(i64, f32)> = None;
             for (p, id) in order {
-                let Some((id, (n, e))) = view.nodes.get_key_value(*id) else {
+                let Some((id, (n, e))) = view.nodes.get_key_value(id.as_str()) else {
                     last = None;
                     continue;
                 };
@@ -288,12 +288,12 @@ mod tests {
             .iter()
             .map(|(id, speaker, text)| {
                 let node = Node {
-                    id: format!("c#{id}"),
+                    id: format!("c#{id}").into(),
                     kind: NodeKind::Turn,
                     doc: "c".into(),
                     pos: operators::ingest::turn_position(id) * operators::model::POSITION_SCALE,
-                    text: text.to_string(),
-                    speaker: Some(speaker.to_string()),
+                    text: (*text).into(),
+                    speaker: Some((*speaker).into()),
                     ts: None,
                 };
                 let emb = e.embed(&node.embedding_text());
