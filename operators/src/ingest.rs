@@ -201,6 +201,33 @@ mod tests {
         }
     }
 
+    /// A conversation's turns share its name, their speaker's and their time's allocation, and a node's retraction
+    /// is the node it inserted (its strings too), so the dataflow and the views hold one copy of each.
+    #[test]
+    fn a_documents_nodes_share_their_strings() {
+        let mut ing = Ingestor::new(512);
+        let turn = |t: &str, text: &str| Record::Turn {
+            space: "s".into(),
+            conversation: "standup".into(),
+            turn: t.into(),
+            speaker: "Ana".into(),
+            text: text.into(),
+            ts: Some("2026-11-29T10:00:00Z".into()),
+            seq: None,
+        };
+        let a = ing.apply(turn("t1", "the demo moves to Friday")).remove(0).1;
+        let b = ing.apply(turn("t2", "and the review with it")).remove(0).1;
+        let same = |x: &crate::name::Name, y: &crate::name::Name| std::ptr::eq(x.as_str(), y.as_str());
+        assert!(same(&a.doc, &b.doc));
+        assert!(same(a.speaker.as_ref().unwrap(), b.speaker.as_ref().unwrap()));
+        assert!(same(a.ts.as_ref().unwrap(), b.ts.as_ref().unwrap()));
+        let replaced = ing.apply(turn("t1", "the demo moves to Monday"));
+        let (gone, d) = (&replaced[0].1, replaced[0].2);
+        assert_eq!((d, gone), (-1, &a));
+        assert!(same(&gone.text, &a.text) && same(&gone.id, &a.id), "the retraction holds the inserted strings");
+        assert!(same(&replaced[1].1.doc, &a.doc));
+    }
+
     fn live(ing: &Ingestor) -> Vec<String> {
         let mut ids: Vec<String> =
             ing.docs.values().flat_map(|d| d.values()).flatten().map(|n| n.id.to_string()).collect();
