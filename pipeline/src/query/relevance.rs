@@ -330,10 +330,9 @@ mod tests {
             turns.iter().map(|(i, s, t)| (i.as_str(), s.as_str(), t.as_str())).collect();
         let build = |ann: crate::ann::AnnParams| views_with(ann, &refs);
         let exact = build(crate::ann::AnnParams::default());
-        // hnsw_rs draws its levels at random, so the index differs run to run; over a space this full of identical
-        // turns (600 texts, each 5 times) a search of ef 64 missed part of the best plateau in 1 of 8 runs, ef 256 in
-        // about 1 of 10: the test reads at ef 1,024, where the walk is exact, so that what it checks is the index
-        // path's scoring, not hnsw_rs's recall.
+        // Over a space this full of identical turns (600 texts, each 5 times) a narrow walk can miss part of the best
+        // plateau: the test reads at ef 1,024, where the walk is exact, so that what it checks is the index path's
+        // scoring, not the graph's recall.
         let indexed = build(crate::ann::AnnParams {
             exhaustive_below: 1000,
             candidates: 64,
