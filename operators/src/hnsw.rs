@@ -201,9 +201,13 @@ impl Hnsw {
         let cap = if layer == 0 { self.m0 } else { self.m };
         let links = self.links(p, layer);
         if links.len() < cap {
-            let mut next = links.to_vec();
-            next.push(new);
-            self.set_links(p, layer, &next);
+            let n = links.len();
+            if layer == 0 {
+                self.links0[p as usize * self.m0 + n] = new;
+                self.count0[p as usize] += 1;
+            } else if let Some(l) = self.upper.get_mut(&p).and_then(|ls| ls.get_mut(layer - 1)) {
+                l.push(new);
+            }
             return;
         }
         let base = &self.points[p as usize];

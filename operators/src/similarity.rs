@@ -196,9 +196,9 @@ fn better(a: &Scored, b: &Scored) -> bool {
     a.score > b.score || (a.score == b.score && a.id < b.id)
 }
 
-/// The nodes that share one vector: one entry of the HNSW index, and the vector's only copy.
+/// The nodes that share one vector: one point of the HNSW index (the class's number is the point's, and the point
+/// holds the vector).
 struct Class {
-    emb: Embedding,
     /// Members by id: a list takes a class's smallest ids first.
     members: SortedSet<Name>,
     /// Members by the weakest neighbour of their list, weakest first: the members an insert can enter.
@@ -255,6 +255,11 @@ impl SimilarityIndex {
             holders: HashMap::default(),
             bars: BTreeSet::new(),
         }
+    }
+
+    /// The vector of class `c` (its HNSW point's).
+    fn vector(&self, c: usize) -> &Embedding {
+        self.hnsw.point(c as u32)
     }
 
     fn class(&self, c: usize) -> &Class {
@@ -408,7 +413,7 @@ impl SimilarityIndex {
     /// [`SimilarityParams::score`] of two entries, bit for bit.
     fn score_entries(&self, a: &Entry, b: &Entry) -> f32 {
         let cos = match (a.class, b.class) {
-            (Some(x), Some(y)) => self.class(x).emb.cos(&self.class(y).emb),
+            (Some(x), Some(y)) => self.vector(x).cos(self.vector(y)),
             _ => 0.0,
         };
         self.params.mix(cos, self.params.positional_term((a.doc.as_str(), a.pos), (b.doc.as_str(), b.pos)))
@@ -441,7 +446,7 @@ impl SimilarityIndex {
                 class.by_weakest.remove(&(weakest(list, self.params.k), id.clone()));
             }
             if class.members.is_empty() {
-                let h = class.emb.content_hash();
+                let h = self.hnsw.point(c as u32).content_hash();
                 self.classes[c] = None;
                 self.tombstones += 1;
                 if let Some(cs) = self.by_vector.get_mut(&h) {
@@ -464,16 +469,17 @@ impl SimilarityIndex {
     /// The class of a vector, made (and put into the index) if no live node has it.
     fn class_for(&mut self, emb: Embedding) -> usize {
         let h = emb.content_hash();
-        let found = self.by_vector.get(&h).and_then(|cs| {
-            cs.iter().copied().find(|c| self.classes[*c].as_ref().is_some_and(|class| class.emb == emb))
-        });
+        let found = self
+            .by_vector
+            .get(&h)
+            .and_then(|cs| cs.iter().copied().find(|c| self.classes[*c].is_some() && *self.vector(*c) == emb));
         if let Some(c) = found {
             return c;
         }
         let slot = self.classes.len();
-        let point = self.hnsw.insert(emb.clone());
+        let point = self.hnsw.insert(emb);
         debug_assert_eq!(point as usize, slot);
-        self.classes.push(Some(Class { emb, members: SortedSet::default(), by_weakest: SortedSet::default() }));
+        self.classes.push(Some(Class { members: SortedSet::default(), by_weakest: SortedSet::default() }));
         self.by_vector.entry(h).or_default().push(slot);
         slot
     }
@@ -605,7 +611,7 @@ impl SimilarityIndex {
                     bound = (tau / self.params.alpha - 1e-4).max(min_cos);
                 }
             }
-            let emb = &self.class(mine).emb;
+            let emb = self.vector(mine);
             let cap = if reverse { self.params.max_reverse_classes } else { usize::MAX };
             for (c, cos) in self.range_search(emb, bound, cap) {
                 let class = self.class(c);
@@ -666,15 +672,20 @@ impl SimilarityIndex {
 
     /// Rebuilds the HNSW index from the live classes in the order of their smallest member, dropping tombstones.
     fn rebuild(&mut self) {
-        let mut live: Vec<Class> = self.classes.drain(..).flatten().collect();
-        live.sort_by(|a, b| a.members.first().cmp(&b.members.first()));
+        let old = std::mem::replace(&mut self.hnsw, Self::new_hnsw(&self.params, 0));
+        let mut live: Vec<(Embedding, Class)> = std::mem::take(&mut self.classes)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(c, class)| Some((old.point(c as u32).clone(), class?)))
+            .collect();
+        live.sort_by(|a, b| a.1.members.first().cmp(&b.1.members.first()));
         self.hnsw = Self::new_hnsw(&self.params, live.len());
         self.by_vector.clear();
         self.tombstones = 0;
-        for class in live {
+        for (emb, class) in live {
             let slot = self.classes.len();
-            self.hnsw.insert(class.emb.clone());
-            self.by_vector.entry(class.emb.content_hash()).or_default().push(slot);
+            self.by_vector.entry(emb.content_hash()).or_default().push(slot);
+            self.hnsw.insert(emb);
             for m in class.members.iter() {
                 self.entries.get_mut(m).expect("a member is live").class = Some(slot);
             }
@@ -778,11 +789,7 @@ impl SimilarityIndex {
         index.hnsw = Self::new_hnsw(&index.params, state.points.len());
         for emb in &state.points {
             index.hnsw.insert(emb.clone());
-            index.classes.push(Some(Class {
-                emb: emb.clone(),
-                members: SortedSet::default(),
-                by_weakest: SortedSet::default(),
-            }));
+            index.classes.push(Some(Class { members: SortedSet::default(), by_weakest: SortedSet::default() }));
         }
         let mut names: Vec<Option<Name>> = vec![None; state.nodes.len()];
         for (i, node, class) in placed {
@@ -795,8 +802,8 @@ impl SimilarityIndex {
             if index.classes[c].as_ref().is_some_and(|k| k.members.is_empty()) {
                 index.classes[c] = None;
                 index.tombstones += 1;
-            } else if let Some(k) = &index.classes[c] {
-                index.by_vector.entry(k.emb.content_hash()).or_default().push(c);
+            } else {
+                index.by_vector.entry(index.vector(c).content_hash()).or_default().push(c);
             }
         }
         for (i, (_, _, list)) in state.nodes.iter().enumerate() {

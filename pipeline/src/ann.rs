@@ -98,10 +98,7 @@ impl IndexBuild {
     pub fn run(self) -> BuiltIndex {
         let mut index = NodeAnn::empty(&self.params, self.nodes.len());
         for (id, e) in &self.nodes {
-            if let Some(slot) = index.place(id, e) {
-                let point = index.hnsw.insert(index.points[slot].0.clone());
-                debug_assert_eq!(point as usize, slot);
-            }
+            index.place(id, e);
         }
         BuiltIndex { space: self.space, index, nodes: self.nodes }
     }
@@ -109,9 +106,9 @@ impl IndexBuild {
 
 pub struct NodeAnn {
     hnsw: Hnsw,
-    /// Point slot → its vector and the live nodes that have it, sorted (none: a tombstone). The names are the
-    /// views' own, shared.
-    points: Vec<(Embedding, Vec<Name>)>,
+    /// Point → the live nodes that have its vector, sorted (none: a tombstone). The names are the views' own,
+    /// shared; the vector is the graph's point.
+    points: Vec<Vec<Name>>,
     /// A vector's hash → the points with a vector of that hash.
     by_vector: HashMap<u64, Vec<usize>>,
     /// Live node → its point.
@@ -196,21 +193,22 @@ impl NodeAnn {
     }
 
     /// Files `id` (not live; a zero vector is not filed) under the point of its vector: an existing point (live, or a
-    /// tombstone taken up again) or a new slot, returned, which the caller inserts into the walk.
-    fn place(&mut self, id: &Name, emb: &Embedding) -> Option<usize> {
+    /// tombstone taken up again) or a new one, inserted into the graph.
+    fn place(&mut self, id: &Name, emb: &Embedding) {
         if emb.is_zero() {
-            return None;
+            return;
         }
         let slots = self.by_vector.entry(emb.content_hash()).or_default();
-        let (slot, new) = match slots.iter().find(|s| self.points[**s].0 == *emb) {
-            Some(s) => (*s, false),
+        let slot = match slots.iter().find(|s| self.hnsw.point(**s as u32) == emb) {
+            Some(s) => *s,
             None => {
-                self.points.push((emb.clone(), Vec::new()));
-                slots.push(self.points.len() - 1);
-                (self.points.len() - 1, true)
+                let point = self.hnsw.insert(emb.clone()) as usize;
+                self.points.push(Vec::new());
+                slots.push(point);
+                point
             }
         };
-        let ids = &mut self.points[slot].1;
+        let ids = &mut self.points[slot];
         if ids.is_empty() {
             self.live_points += 1;
         }
@@ -218,23 +216,19 @@ impl NodeAnn {
             ids.insert(at, id.clone());
         }
         self.live.insert(id.clone(), slot);
-        new.then_some(slot)
     }
 
     /// Adds (or replaces) a node. A node with no features (a zero vector) is not indexed: it is nobody's neighbour.
     pub fn insert(&mut self, id: &Name, emb: &Embedding) {
         self.remove(id);
-        if let Some(slot) = self.place(id, emb) {
-            let point = self.hnsw.insert(self.points[slot].0.clone());
-            debug_assert_eq!(point as usize, slot);
-        }
+        self.place(id, emb);
     }
 
     /// Takes a node out (its point is tombstoned when it was the last to have that vector); returns whether the
     /// index should be rebuilt (tombstones outnumber the live points).
     pub fn remove(&mut self, id: &str) -> bool {
         if let Some(slot) = self.live.remove(id) {
-            let ids = &mut self.points[slot].1;
+            let ids = &mut self.points[slot];
             if let Ok(at) = ids.binary_search_by(|x| x.as_str().cmp(id)) {
                 ids.remove(at);
             }
@@ -261,11 +255,11 @@ impl NodeAnn {
         }
         let ef = self.ef_search.max(k);
         let tombstones = self.points.len() > self.live_points;
-        let filter = |p: u32| self.points.get(p as usize).is_some_and(|p| !p.1.is_empty());
+        let filter = |p: u32| self.points.get(p as usize).is_some_and(|ids| !ids.is_empty());
         let hits = self.hnsw.search_where(q, k, ef, tombstones.then_some(&filter));
         let mut out: Vec<(f32, &str)> = Vec::with_capacity(k);
         for (p, d) in hits {
-            let Some((_, ids)) = self.points.get(p as usize) else { continue };
+            let Some(ids) = self.points.get(p as usize) else { continue };
             // Only a point's first k nodes by id can be among the k best.
             out.extend(ids.iter().take(k).map(|id| (1.0 - d, id.as_str())));
         }
