@@ -198,9 +198,11 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     }
     engine.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
+    // The memory goes before the yardstick's index is built (at a million chunks the two would not fit together).
+    let (embedder, limits) = (shared.embedder.clone(), shared.limits.clone());
+    drop(shared);
     // The yardstick: the same vectors into a bare hnsw_rs index with the same parameters, segment by segment.
     let p = &config.similarity;
-    let embedder = shared.embedder.clone();
     let mut ingestor = Ingestor::new(config.ingest.chunk_tokens);
     // Two of them: the vectors as plain `f32` slices (what a user of hnsw_rs would insert), and engram's own
     // `Embedding`s (sparse where the vector is), so that the ratio to each is known.
@@ -212,7 +214,7 @@ pub(super) fn scale(args: &BenchArgs, config: &Config) -> anyhow::Result<ExitCod
     for point in &mut points {
         let mut segment = Vec::with_capacity(point.size - at);
         while at + segment.len() < point.size {
-            let Some(r) = corpus.next_record(&shared.limits)? else { break };
+            let Some(r) = corpus.next_record(&limits)? else { break };
             segment.push(r);
         }
         let texts: Vec<String> = segment
