@@ -8,31 +8,33 @@ use operators::fasthash::HashMap;
 use operators::model::ErrorRow;
 use operators::request::ModelRequest;
 use operators::slots::SortedSet;
-use operators::{Edge, Embedding, Node};
+use operators::{Edge, Embedding, Name, Node};
 use serde::{Deserialize, Serialize};
 
 /// One change to the views, as the dataflow emits it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ViewUpdate {
-    Node(String, Node, Embedding),
-    Edge(Edge),
-    Error(ErrorRow),
+    // The large payloads are boxed: an epoch's updates wait in vectors of these (the structure's output of one step
+    // can be hundreds of thousands), so the enum stays a few words long whatever its largest variant.
+    Node(String, Box<Node>, Embedding),
+    Edge(Box<Edge>),
+    Error(Box<ErrorRow>),
     /// `(space, layer, cluster, member)`.
-    Cluster(String, u32, String, String),
+    Cluster(Name, u32, Name, Name),
     /// `(space, layer, u, v, weight)`: an edge of layer ≥ 1.
-    LayerEdge(String, u32, String, String, u64),
+    LayerEdge(Name, u32, Name, Name, u64),
     /// (space, layer, cluster, text): embedded when applied, once per inserted summary.
-    Summary(String, u32, String, String),
+    Summary(Name, u32, Name, Name),
     /// A request waiting for the model: `(space, content key, request)`.
-    Request(String, String, ModelRequest),
+    Request(String, String, Box<ModelRequest>),
     /// An event of the event memory (CompassMem).
-    Event(String, operators::events::EventRow),
+    Event(String, Box<operators::events::EventRow>),
     /// A typed relation between two events.
-    Relation(String, operators::events::RelationRow),
+    Relation(String, Box<operators::events::RelationRow>),
     /// `(space, event, group)`: the merge group of an event.
-    Merge(String, String, String),
+    Merge(Name, Name, Name),
     /// `(space, topic, event)`: an event's topic.
-    Topic(String, String, String),
+    Topic(Name, Name, Name),
     /// `(source, offset)`: the highest position of a source (`kafka:TOPIC/PARTITION`, `file:PATH`) that the views
     /// hold, whichever process read it (for `?after=TOPIC:PARTITION:OFFSET`).
     Position(String, u64),
@@ -56,13 +58,8 @@ impl ViewUpdate {
     /// Whether the change is the structure's (the hierarchy's clusters, their edges and summaries, and the
     /// requests for those summaries), which the structure's own dataflow makes.
     pub fn is_structure(&self) -> bool {
-        matches!(
-            self,
-            ViewUpdate::Cluster(..)
-                | ViewUpdate::LayerEdge(..)
-                | ViewUpdate::Summary(..)
-                | ViewUpdate::Request(_, _, ModelRequest::Summary { .. })
-        )
+        matches!(self, ViewUpdate::Cluster(..) | ViewUpdate::LayerEdge(..) | ViewUpdate::Summary(..))
+            || matches!(self, ViewUpdate::Request(_, _, r) if matches!(**r, ModelRequest::Summary { .. }))
     }
 
     /// The kind of change, as `engram_view_updates_total` labels it.
@@ -96,7 +93,7 @@ pub fn texts_to_embed(updates: &[(ViewUpdate, isize)]) -> Vec<String> {
         .iter()
         .filter(|(_, d)| *d > 0)
         .filter_map(|(u, _)| match u {
-            ViewUpdate::Summary(_, _, _, text) => Some(text.clone()),
+            ViewUpdate::Summary(_, _, _, text) => Some(text.to_string()),
             ViewUpdate::Event(_, e) => Some(event_text(e)),
             _ => None,
         })
@@ -385,22 +382,25 @@ impl SpaceView {
         }
     }
 
-    fn apply_cluster(&mut self, layer: u32, c: String, m: String, d: isize) {
+    fn apply_cluster(&mut self, layer: u32, c: Name, m: Name, d: isize) {
         if d > 0 {
-            let (cn, mn) = (self.names.name(&c), self.names.take(m));
-            let cv = self.clusters.entry(c).or_default();
+            let (cn, mn) = (self.names.adopt(c), self.names.adopt(m));
+            if !self.clusters.contains_key(cn.as_str()) {
+                self.clusters.insert(cn.to_string(), ClusterView::default());
+            }
+            let cv = self.clusters.get_mut(cn.as_str()).expect("inserted");
             cv.layer = layer;
             if cv.members.insert(mn.clone()) {
                 cv.members_since = Some(std::time::Instant::now());
             }
             self.parents.entry(mn).or_default().insert(cn);
         } else {
-            if let Some(cv) = self.clusters.get_mut(&c) {
+            if let Some(cv) = self.clusters.get_mut(c.as_str()) {
                 if cv.members.remove(m.as_str()) {
                     cv.members_since = Some(std::time::Instant::now());
                 }
                 if cv.members.is_empty() {
-                    self.clusters.remove(&c);
+                    self.clusters.remove(c.as_str());
                 }
             }
             if let Some(p) = self.parents.get_mut(m.as_str()) {
@@ -412,7 +412,7 @@ impl SpaceView {
         }
     }
 
-    fn apply_layer_edge(&mut self, u: String, v: String, w: u64, d: isize) {
+    fn apply_layer_edge(&mut self, u: Name, v: Name, w: u64, d: isize) {
         let w = layer_weight(w);
         for (a, b) in [(&u, &v), (&v, &u)] {
             if d > 0 {
@@ -423,20 +423,23 @@ impl SpaceView {
         }
     }
 
-    fn apply_summary(&mut self, layer: u32, c: String, text: String, d: isize, embed: &dyn Fn(&str) -> Embedding) {
+    fn apply_summary(&mut self, layer: u32, c: Name, text: Name, d: isize, embed: &dyn Fn(&str) -> Embedding) {
         if d > 0 {
             let emb = embed(&text);
-            let cv = self.clusters.entry(c).or_default();
+            if !self.clusters.contains_key(c.as_str()) {
+                self.clusters.insert(c.to_string(), ClusterView::default());
+            }
+            let cv = self.clusters.get_mut(c.as_str()).expect("inserted");
             cv.layer = layer;
             cv.summary_terms = operators::lexical::TermCounts::of(&text);
-            cv.summary = Some((text, emb));
-        } else if let Some(cv) = self.clusters.get_mut(&c) {
-            if cv.summary.as_ref().is_some_and(|(t, _)| *t == text) {
+            cv.summary = Some((text.to_string(), emb));
+        } else if let Some(cv) = self.clusters.get_mut(c.as_str()) {
+            if cv.summary.as_ref().is_some_and(|(t, _)| text == *t) {
                 cv.summary = None;
                 cv.summary_terms = Default::default();
             }
             if cv.members.is_empty() && cv.summary.is_none() {
-                self.clusters.remove(&c);
+                self.clusters.remove(c.as_str());
             }
         }
     }
@@ -562,6 +565,14 @@ impl Views {
         self.positions.get(source).is_some_and(|o| *o >= offset)
     }
 
+    /// The view of `space`, made when it has none.
+    fn space_mut(&mut self, space: &str) -> &mut SpaceView {
+        if !self.spaces.contains_key(space) {
+            self.spaces.insert(space.to_string(), SpaceView::default());
+        }
+        self.spaces.get_mut(space).expect("inserted")
+    }
+
     /// Applies the updates of one epoch: retractions before insertions, so that a replaced node ends up replaced.
     pub fn apply(&mut self, updates: Vec<(ViewUpdate, isize)>) {
         self.apply_with(updates, &|_| Embedding::default())
@@ -591,33 +602,29 @@ impl Views {
                 ViewUpdate::Node(space, node, emb) => {
                     moved.insert((space.clone(), node.doc.to_string(), node.pos));
                     let view = self.spaces.entry(space.clone()).or_default();
-                    if view.apply_node(node, emb, d, &self.ann) {
+                    if view.apply_node(*node, emb, d, &self.ann) {
                         self.index_builds.insert(space);
                     }
                 }
-                ViewUpdate::Edge(e) => self.spaces.entry(e.space.clone()).or_default().apply_edge(e, d),
-                ViewUpdate::Cluster(space, layer, c, m) => {
-                    self.spaces.entry(space).or_default().apply_cluster(layer, c, m, d)
-                }
-                ViewUpdate::LayerEdge(space, _layer, u, v, w) => {
-                    self.spaces.entry(space).or_default().apply_layer_edge(u, v, w, d)
-                }
+                ViewUpdate::Edge(e) => self.spaces.entry(e.space.clone()).or_default().apply_edge(*e, d),
+                ViewUpdate::Cluster(space, layer, c, m) => self.space_mut(&space).apply_cluster(layer, c, m, d),
+                ViewUpdate::LayerEdge(space, _layer, u, v, w) => self.space_mut(&space).apply_layer_edge(u, v, w, d),
                 ViewUpdate::Summary(space, layer, c, text) => {
-                    self.spaces.entry(space).or_default().apply_summary(layer, c, text, d, embed)
+                    self.space_mut(&space).apply_summary(layer, c, text, d, embed)
                 }
                 ViewUpdate::Request(space, key, request) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
-                        view.requests.insert(key, std::sync::Arc::new(request));
+                        view.requests.insert(key, std::sync::Arc::from(request));
                     } else {
                         view.requests.remove(&key);
                     }
                 }
-                ViewUpdate::Event(space, e) => self.spaces.entry(space).or_default().apply_event(e, d, embed),
+                ViewUpdate::Event(space, e) => self.spaces.entry(space).or_default().apply_event(*e, d, embed),
                 ViewUpdate::Relation(space, r) => {
                     let view = self.spaces.entry(space).or_default();
                     if d > 0 {
-                        let r = view.relations.get(&r).cloned().unwrap_or_else(|| std::sync::Arc::new(r));
+                        let r = view.relations.get(&*r).cloned().unwrap_or_else(|| std::sync::Arc::from(r));
                         for end in [&r.from, &r.to] {
                             view.related.entry(end.clone()).or_default().insert(r.clone());
                         }
@@ -625,29 +632,29 @@ impl Views {
                     } else {
                         for end in [&r.from, &r.to] {
                             if let Some(set) = view.related.get_mut(end) {
-                                set.remove(&r);
+                                set.remove(&*r);
                                 if set.is_empty() {
                                     view.related.remove(end);
                                 }
                             }
                         }
-                        view.relations.remove(&r);
+                        view.relations.remove(&*r);
                     }
                 }
                 ViewUpdate::Topic(space, t, e) => {
-                    let view = self.spaces.entry(space).or_default();
+                    let view = self.space_mut(&space);
                     if d > 0 {
-                        view.topic_of.insert(e, t);
-                    } else if view.topic_of.get(&e) == Some(&t) {
-                        view.topic_of.remove(&e);
+                        view.topic_of.insert(e.to_string(), t.to_string());
+                    } else if view.topic_of.get(e.as_str()).is_some_and(|x| t == *x) {
+                        view.topic_of.remove(e.as_str());
                     }
                 }
                 ViewUpdate::Merge(space, e, g) => {
-                    let view = self.spaces.entry(space).or_default();
+                    let view = self.space_mut(&space);
                     if d > 0 {
-                        view.groups.insert(e, g);
-                    } else if view.groups.get(&e) == Some(&g) {
-                        view.groups.remove(&e);
+                        view.groups.insert(e.to_string(), g.to_string());
+                    } else if view.groups.get(e.as_str()).is_some_and(|x| g == *x) {
+                        view.groups.remove(e.as_str());
                     }
                 }
                 ViewUpdate::Position(source, offset) => {
@@ -660,7 +667,7 @@ impl Views {
                 ViewUpdate::Error(row) => {
                     if d > 0 {
                         self.errors_total += 1;
-                        self.recent_errors.push_back(row);
+                        self.recent_errors.push_back(*row);
                         while self.recent_errors.len() > RECENT_ERRORS {
                             self.recent_errors.pop_front();
                         }
@@ -694,46 +701,52 @@ impl Views {
         let mut vectors = Vec::new();
         for (space, v) in &self.spaces {
             let s = || space.clone();
+            let n = Name::from(space.as_str());
             for (node, emb) in v.nodes.values() {
-                updates.push(ViewUpdate::Node(s(), node.clone(), emb.clone()));
+                updates.push(ViewUpdate::Node(s(), Box::new(node.clone()), emb.clone()));
             }
             for (a, links) in &v.adjacency {
                 for (b, w) in links.after(a) {
                     if v.nodes.contains_key(a.as_str()) && v.nodes.contains_key(b.as_str()) {
                         let (u, v) = (a.to_string(), b.to_string());
-                        updates.push(ViewUpdate::Edge(Edge { space: s(), u, v, weight_micro: *w }));
+                        updates.push(ViewUpdate::Edge(Box::new(Edge { space: s(), u, v, weight_micro: *w })));
                     } else {
                         let layer = v.clusters.get(a.as_str()).map_or(0, |c| c.layer);
-                        updates.push(ViewUpdate::LayerEdge(s(), layer, a.to_string(), b.to_string(), u64::from(*w)));
+                        updates.push(ViewUpdate::LayerEdge(n.clone(), layer, a.clone(), b.clone(), u64::from(*w)));
                     }
                 }
             }
             for (c, cv) in &v.clusters {
                 for m in &cv.members {
-                    updates.push(ViewUpdate::Cluster(s(), cv.layer, c.clone(), m.to_string()));
+                    updates.push(ViewUpdate::Cluster(n.clone(), cv.layer, Name::from(c.as_str()), m.clone()));
                 }
                 if let Some((text, emb)) = &cv.summary {
-                    updates.push(ViewUpdate::Summary(s(), cv.layer, c.clone(), text.clone()));
+                    updates.push(ViewUpdate::Summary(
+                        n.clone(),
+                        cv.layer,
+                        Name::from(c.as_str()),
+                        Name::from(text.as_str()),
+                    ));
                     vectors.push((text.clone(), emb.clone()));
                 }
             }
             for (key, r) in &v.requests {
-                updates.push(ViewUpdate::Request(s(), key.clone(), r.as_ref().clone()));
+                updates.push(ViewUpdate::Request(s(), key.clone(), Box::new(r.as_ref().clone())));
             }
             for (id, e) in &v.events {
-                updates.push(ViewUpdate::Event(s(), e.clone()));
+                updates.push(ViewUpdate::Event(s(), Box::new(e.clone())));
                 if let Some(emb) = v.event_vectors.get(id) {
                     vectors.push((event_text(e), emb.clone()));
                 }
             }
             for r in &v.relations {
-                updates.push(ViewUpdate::Relation(s(), r.as_ref().clone()));
+                updates.push(ViewUpdate::Relation(s(), Box::new(r.as_ref().clone())));
             }
             for (e, g) in &v.groups {
-                updates.push(ViewUpdate::Merge(s(), e.clone(), g.clone()));
+                updates.push(ViewUpdate::Merge(n.clone(), e.into(), g.into()));
             }
             for (e, t) in &v.topic_of {
-                updates.push(ViewUpdate::Topic(s(), t.clone(), e.clone()));
+                updates.push(ViewUpdate::Topic(n.clone(), t.into(), e.into()));
             }
         }
         for (source, offset) in &self.positions {
@@ -812,7 +825,9 @@ impl Views {
         for u in edges {
             let (space, edge) = match u {
                 ViewUpdate::Edge(e) => (e.space, (e.u, e.v, e.weight_micro, true)),
-                ViewUpdate::LayerEdge(space, _, u, v, w) => (space, (u, v, layer_weight(w), false)),
+                ViewUpdate::LayerEdge(space, _, u, v, w) => {
+                    (space.to_string(), (u.to_string(), v.to_string(), layer_weight(w), false))
+                }
                 _ => continue,
             };
             by_space.entry(space).or_default().push(edge);
@@ -872,37 +887,41 @@ impl ViewUpdate {
         let op = if diff > 0 { "upsert" } else { "retract" };
         let (space, body) = match self {
             ViewUpdate::Node(s, n, _) => (
-                s,
+                s.as_str(),
                 json!({"type": "node", "id": n.id, "kind": n.kind, "doc": n.doc, "pos": n.pos,
                                                     "text": n.text, "speaker": n.speaker, "ts": n.ts}),
             ),
-            ViewUpdate::Edge(e) => {
-                (&e.space, json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro}))
-            }
+            ViewUpdate::Edge(e) => (
+                e.space.as_str(),
+                json!({"type": "edge", "layer": 0, "u": e.u, "v": e.v, "weight_micro": e.weight_micro}),
+            ),
             ViewUpdate::Cluster(s, l, c, m) => {
-                (s, json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m}))
+                (s.as_str(), json!({"type": "cluster-member", "layer": l, "cluster": c, "member": m}))
             }
             ViewUpdate::LayerEdge(s, l, u, v, w) => {
-                (s, json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w}))
+                (s.as_str(), json!({"type": "edge", "layer": l, "u": u, "v": v, "weight_micro": w}))
             }
-            ViewUpdate::Summary(s, l, c, t) => (s, json!({"type": "summary", "layer": l, "cluster": c, "text": t})),
+            ViewUpdate::Summary(s, l, c, t) => {
+                (s.as_str(), json!({"type": "summary", "layer": l, "cluster": c, "text": t}))
+            }
             ViewUpdate::Event(s, e) => (
-                s,
+                s.as_str(),
                 json!({"type": "event", "id": e.id, "conversation": e.conversation, "session": e.session,
                                                   "turns": e.turns, "summary": e.summary, "people": e.people, "time": e.time}),
             ),
-            ViewUpdate::Relation(s, r) => {
-                (s, json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}))
-            }
-            ViewUpdate::Merge(s, e, g) => (s, json!({"type": "event-group", "event": e, "group": g})),
-            ViewUpdate::Topic(s, t, e) => (s, json!({"type": "topic-member", "topic": t, "event": e})),
+            ViewUpdate::Relation(s, r) => (
+                s.as_str(),
+                json!({"type": "relation", "from": r.from, "to": r.to, "kind": r.kind, "evidence": r.evidence}),
+            ),
+            ViewUpdate::Merge(s, e, g) => (s.as_str(), json!({"type": "event-group", "event": e, "group": g})),
+            ViewUpdate::Topic(s, t, e) => (s.as_str(), json!({"type": "topic-member", "topic": t, "event": e})),
             ViewUpdate::Error(_) | ViewUpdate::Request(..) | ViewUpdate::Position(..) => return None,
         };
         let mut body = body;
         body["op"] = json!(op);
         body["epoch"] = json!(epoch);
         body["space"] = json!(space);
-        Some((space.clone(), body))
+        Some((space.to_string(), body))
     }
 }
 
@@ -929,11 +948,11 @@ mod tests {
     #[test]
     fn the_correction_takes_the_views_to_the_rebuilt_dataflow() {
         let edge = |u: &str, v: &str, w: u32| {
-            ViewUpdate::Edge(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w })
+            ViewUpdate::Edge(Box::new(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w }))
         };
         let nodes: Vec<ViewUpdate> = ["a", "b", "c", "d"]
             .iter()
-            .map(|id| ViewUpdate::Node("s".into(), node(id, id), Embedding::new(vec![1.0, 0.0])))
+            .map(|id| ViewUpdate::Node("s".into(), Box::new(node(id, id)), Embedding::new(vec![1.0, 0.0])))
             .collect();
         let cluster = ViewUpdate::Cluster("s".into(), 1, "L1-x".into(), "a".into());
         let held: Vec<ViewUpdate> =
@@ -976,19 +995,24 @@ mod tests {
         for i in 0..40i64 {
             let id = format!("t{i}");
             let n = Node { pos: i * operators::model::POSITION_SCALE, ..node(&id, &format!("word{} harbour", i % 7)) };
-            updates.push(ViewUpdate::Node("s".into(), n, Embedding::new(vec![1.0, i as f32 / 40.0])));
+            updates.push(ViewUpdate::Node("s".into(), Box::new(n), Embedding::new(vec![1.0, i as f32 / 40.0])));
             if i > 0 {
                 let (u, v) = (format!("t{}", i - 1), id.clone());
-                updates.push(ViewUpdate::Edge(Edge { space: "s".into(), u, v, weight_micro: 600_000 + i as u32 }));
+                updates.push(ViewUpdate::Edge(Box::new(Edge {
+                    space: "s".into(),
+                    u,
+                    v,
+                    weight_micro: 600_000 + i as u32,
+                })));
             }
-            updates.push(ViewUpdate::Cluster("s".into(), 1, format!("L1:{}", i / 5), id.clone()));
+            updates.push(ViewUpdate::Cluster("s".into(), 1, format!("L1:{}", i / 5).into(), id.clone().into()));
         }
         for c in 0..8 {
-            updates.push(ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c / 4), format!("L1:{c}")));
-            updates.push(ViewUpdate::Summary("s".into(), 1, format!("L1:{c}"), format!("summary {c}")));
+            updates.push(ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c / 4).into(), format!("L1:{c}").into()));
+            updates.push(ViewUpdate::Summary("s".into(), 1, format!("L1:{c}").into(), format!("summary {c}").into()));
             if c > 0 {
                 let (u, v) = (format!("L1:{}", c - 1), format!("L1:{c}"));
-                updates.push(ViewUpdate::LayerEdge("s".into(), 1, u, v, 500_000));
+                updates.push(ViewUpdate::LayerEdge("s".into(), 1, u.into(), v.into(), 500_000));
             }
         }
         let event = |i: usize| operators::events::EventRow {
@@ -1001,8 +1025,8 @@ mod tests {
             time: None,
         };
         for i in 0..10 {
-            updates.push(ViewUpdate::Event("s".into(), event(i)));
-            updates.push(ViewUpdate::Topic("s".into(), "T:E:0".into(), format!("E:{i}")));
+            updates.push(ViewUpdate::Event("s".into(), Box::new(event(i))));
+            updates.push(ViewUpdate::Topic("s".into(), "T:E:0".into(), format!("E:{i}").into()));
             if i > 0 {
                 let r = operators::events::RelationRow {
                     from: format!("E:{}", i - 1),
@@ -1010,7 +1034,7 @@ mod tests {
                     kind: operators::events::RelationKind::Temporal,
                     evidence: vec![format!("t{i}")].into(),
                 };
-                updates.push(ViewUpdate::Relation("s".into(), r));
+                updates.push(ViewUpdate::Relation("s".into(), Box::new(r)));
             }
         }
         let embed = |text: &str| Embedding::new(vec![text.len() as f32, 1.0]);
@@ -1041,7 +1065,7 @@ mod tests {
     #[test]
     fn an_adjacency_built_at_once_is_the_one_inserts_build() {
         let edge = |u: &str, v: &str, w: u32| {
-            ViewUpdate::Edge(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w })
+            ViewUpdate::Edge(Box::new(Edge { space: "s".into(), u: u.into(), v: v.into(), weight_micro: w }))
         };
         let edges = vec![
             edge("c", "a", 700_000),
@@ -1096,16 +1120,16 @@ mod tests {
                 }
                 match live.get(&i).copied() {
                     Some(g) if x.is_multiple_of(3) => {
-                        batch.push((ViewUpdate::Event("s".into(), event(i, g)), -1));
+                        batch.push((ViewUpdate::Event("s".into(), Box::new(event(i, g))), -1));
                         live.remove(&i);
                     }
                     Some(g) => {
-                        batch.push((ViewUpdate::Event("s".into(), event(i, g)), -1));
-                        batch.push((ViewUpdate::Event("s".into(), event(i, g + 1)), 1));
+                        batch.push((ViewUpdate::Event("s".into(), Box::new(event(i, g))), -1));
+                        batch.push((ViewUpdate::Event("s".into(), Box::new(event(i, g + 1))), 1));
                         live.insert(i, g + 1);
                     }
                     None => {
-                        batch.push((ViewUpdate::Event("s".into(), event(i, 0)), 1));
+                        batch.push((ViewUpdate::Event("s".into(), Box::new(event(i, 0))), 1));
                         live.insert(i, 0);
                     }
                 }
@@ -1127,7 +1151,7 @@ mod tests {
     fn updates_that_cancel_within_an_epoch_leave_nothing() {
         let mut v = Views::default();
         let request = ModelRequest::Summary { layer: 1, cluster: "L1:x".into(), members: vec![] };
-        let r = ViewUpdate::Request("s".into(), "h".into(), request);
+        let r = ViewUpdate::Request("s".into(), "h".into(), Box::new(request));
         v.apply(vec![(r.clone(), 1), (r, -1)]);
         assert!(v.spaces.is_empty());
     }
@@ -1143,7 +1167,7 @@ mod tests {
             let text = format!("turn {i} version {gen} {}", i * 7 % 5);
             let n = Node { id: format!("n{i}").into(), pos, text: text.into(), ..node("x", "") };
             let emb = e.embed(&n.text);
-            ViewUpdate::Node("s".into(), n, emb)
+            ViewUpdate::Node("s".into(), Box::new(n), emb)
         };
         let mut v = Views::default();
         let mut live: BTreeMap<i64, u32> = BTreeMap::new();
@@ -1197,13 +1221,13 @@ mod tests {
     #[test]
     fn replacement_within_an_epoch_keeps_the_new_version() {
         let mut v = Views::default();
-        v.apply(vec![(ViewUpdate::Node("s".into(), node("a", "old"), Embedding::default()), 1)]);
+        v.apply(vec![(ViewUpdate::Node("s".into(), Box::new(node("a", "old")), Embedding::default()), 1)]);
         v.apply(vec![
-            (ViewUpdate::Node("s".into(), node("a", "new"), Embedding::default()), 1),
-            (ViewUpdate::Node("s".into(), node("a", "old"), Embedding::default()), -1),
+            (ViewUpdate::Node("s".into(), Box::new(node("a", "new")), Embedding::default()), 1),
+            (ViewUpdate::Node("s".into(), Box::new(node("a", "old")), Embedding::default()), -1),
         ]);
         assert_eq!(v.spaces["s"].nodes["a"].0.text, "new");
-        v.apply(vec![(ViewUpdate::Node("s".into(), node("a", "new"), Embedding::default()), -1)]);
+        v.apply(vec![(ViewUpdate::Node("s".into(), Box::new(node("a", "new")), Embedding::default()), -1)]);
         assert!(v.spaces.is_empty());
     }
 
@@ -1217,7 +1241,7 @@ mod tests {
         let upsert = |i: usize, gen: usize, d: isize| {
             let mut n = node(&format!("n{i:05}"), &text(i, gen));
             n.pos = i as i64;
-            (ViewUpdate::Node("s".into(), n, operators::Embedder::embed(&e, &text(i, gen))), d)
+            (ViewUpdate::Node("s".into(), Box::new(n), operators::Embedder::embed(&e, &text(i, gen))), d)
         };
         let ann = crate::ann::AnnParams { exhaustive_below: 1000, build_aside: true, ..Default::default() };
         let mut v = Views { ann, ..Views::default() };

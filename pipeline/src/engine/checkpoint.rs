@@ -298,8 +298,8 @@ mod tests {
         assert!(sparse.is_sparse());
         let second = operators::Node { id: "d#1".into(), pos: 1000, ..node.clone() };
         views.apply(vec![
-            (ViewUpdate::Node("s".into(), node.clone(), Embedding::new(vec![1.0, 0.0])), 1),
-            (ViewUpdate::Node("s".into(), second.clone(), sparse.clone()), 1),
+            (ViewUpdate::Node("s".into(), Box::new(node.clone()), Embedding::new(vec![1.0, 0.0])), 1),
+            (ViewUpdate::Node("s".into(), Box::new(second.clone()), sparse.clone()), 1),
         ]);
         views.as_of = Some(4);
         // The similarity index of those two nodes travels with the views and restores with them.

@@ -73,14 +73,14 @@ pub(super) fn build_dataflow(worker: &mut Worker, shared: Arc<Shared>) -> Inputs
         let m = fresh(nodes, logged, shared.embedder.clone(), &params);
         let updates = m
             .nodes
-            .map(|(s, n, e)| ViewUpdate::Node(s, n, e))
-            .concat(m.edges.map(ViewUpdate::Edge))
-            .concat(errors.map(ViewUpdate::Error))
-            .concat(m.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, r)))
-            .concat(m.events.map(|(s, e)| ViewUpdate::Event(s, e)))
-            .concat(m.relations.map(|(s, r)| ViewUpdate::Relation(s, r)))
-            .concat(m.merges.map(|(s, e, g)| ViewUpdate::Merge(s, e, g)))
-            .concat(m.topics.map(|(s, t, e)| ViewUpdate::Topic(s, t, e)))
+            .map(|(s, n, e)| ViewUpdate::Node(s, Box::new(n), e))
+            .concat(m.edges.map(|e| ViewUpdate::Edge(Box::new(e))))
+            .concat(errors.map(|e| ViewUpdate::Error(Box::new(e))))
+            .concat(m.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, Box::new(r))))
+            .concat(m.events.map(|(s, e)| ViewUpdate::Event(s, Box::new(e))))
+            .concat(m.relations.map(|(s, r)| ViewUpdate::Relation(s, Box::new(r))))
+            .concat(m.merges.map(|(s, e, g)| ViewUpdate::Merge(s.into(), e.into(), g.into())))
+            .concat(m.topics.map(|(s, t, e)| ViewUpdate::Topic(s.into(), t.into(), e.into())))
             .concat(positions.map(|(s, o)| ViewUpdate::Position(s, o)));
         let views = views_sink(updates, index, shared);
         Inputs {

@@ -76,10 +76,10 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
         let st = structure(texts, edges, logged, &params);
         let updates = st
             .clusters
-            .map(|(s, l, c, m)| ViewUpdate::Cluster(s.into(), l, c.into(), m.into()))
-            .concat(st.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s.into(), l, u.into(), v.into(), w)))
-            .concat(st.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s.into(), l, c.into(), t.into())))
-            .concat(st.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, r)));
+            .map(|(s, l, c, m)| ViewUpdate::Cluster(s, l, c, m))
+            .concat(st.layer_edges.map(|(s, l, u, v, w)| ViewUpdate::LayerEdge(s, l, u, v, w)))
+            .concat(st.summaries.map(|((s, c), (l, t))| ViewUpdate::Summary(s, l, c, t)))
+            .concat(st.requests.map(|(s, key, r)| ViewUpdate::Request(s, key, Box::new(r))));
         let (probe, _) = updates.inner.inspect(move |(u, _, d)| sink.borrow_mut().push((u.clone(), *d))).probe();
         (texts_in, edges_in, logged_in, probe)
     });

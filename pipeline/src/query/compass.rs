@@ -371,7 +371,7 @@ mod tests {
                         ts: None,
                     };
                     let emb = operators::HashEmbedder::new(64).embed(&n.text);
-                    updates.push((ViewUpdate::Node("s".into(), n, emb), 1));
+                    updates.push((ViewUpdate::Node("s".into(), Box::new(n), emb), 1));
                 }
                 let row = EventRow {
                     id: format!("{conv}-e{e}"),
@@ -382,7 +382,7 @@ mod tests {
                     people: vec![],
                     time: None,
                 };
-                updates.push((ViewUpdate::Event("s".into(), row), 1));
+                updates.push((ViewUpdate::Event("s".into(), Box::new(row)), 1));
             }
         }
         let mut v = Views::default();

@@ -237,16 +237,25 @@ mod tests {
             };
             let emb = e.embed(&node.embedding_text());
             let cluster = format!("L1:{}", i / 10);
-            updates.push((ViewUpdate::Cluster("s".into(), 1, cluster, node.id.to_string()), 1));
-            updates.push((ViewUpdate::Node("s".into(), node, emb), 1));
+            updates.push((ViewUpdate::Cluster("s".into(), 1, cluster.into(), node.id.clone()), 1));
+            updates.push((ViewUpdate::Node("s".into(), Box::new(node), emb), 1));
         }
         for c in 0..200 {
             let subject = subjects[c % 4];
-            updates.push((ViewUpdate::Summary("s".into(), 1, format!("L1:{c}"), format!("talk of {subject}")), 1));
-            updates.push((ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c % 4), format!("L1:{c}")), 1));
+            updates.push((
+                ViewUpdate::Summary("s".into(), 1, format!("L1:{c}").into(), format!("talk of {subject}").into()),
+                1,
+            ));
+            updates.push((
+                ViewUpdate::Cluster("s".into(), 2, format!("L2:{}", c % 4).into(), format!("L1:{c}").into()),
+                1,
+            ));
         }
         for (c, subject) in subjects.iter().enumerate() {
-            updates.push((ViewUpdate::Summary("s".into(), 2, format!("L2:{c}"), format!("all about {subject}")), 1));
+            updates.push((
+                ViewUpdate::Summary("s".into(), 2, format!("L2:{c}").into(), format!("all about {subject}").into()),
+                1,
+            ));
         }
         v.apply_with(updates, &|t| e.embed(t));
         v

@@ -297,7 +297,7 @@ mod tests {
                     ts: None,
                 };
                 let emb = e.embed(&node.embedding_text());
-                (ViewUpdate::Node("s".into(), node, emb), 1)
+                (ViewUpdate::Node("s".into(), Box::new(node), emb), 1)
             })
             .collect();
         v.apply(updates);
@@ -435,7 +435,7 @@ mod tests {
         // A removed turn leaves the lexical index and the document order.
         let mut v = v;
         let (node, emb) = v.spaces["s"].nodes["c#D1:4"].clone();
-        v.apply(vec![(ViewUpdate::Node("s".into(), node, emb), -1)]);
+        v.apply(vec![(ViewUpdate::Node("s".into(), Box::new(node), emb), -1)]);
         let view = &v.spaces["s"];
         assert!(neighbours(view, &view.nodes["c#D1:5"].0).next().is_none());
         assert!(view.lexical.search("colour").is_empty());
