@@ -1148,6 +1148,12 @@ mod tests {
     }
 
     #[test]
+    fn a_change_is_a_few_words_long() {
+        // An epoch's changes wait in vectors of these: the structure's output of one step, hundreds of thousands.
+        assert!(std::mem::size_of::<ViewUpdate>() <= 64, "{} bytes", std::mem::size_of::<ViewUpdate>());
+    }
+
+    #[test]
     fn updates_that_cancel_within_an_epoch_leave_nothing() {
         let mut v = Views::default();
         let request = ModelRequest::Summary { layer: 1, cluster: "L1:x".into(), members: vec![] };
