@@ -382,13 +382,18 @@ impl SpaceView {
         }
     }
 
+    /// The view of cluster `c`, made when it has none (its key is allocated only then).
+    fn cluster_mut(&mut self, c: &str) -> &mut ClusterView {
+        if !self.clusters.contains_key(c) {
+            self.clusters.insert(c.to_string(), ClusterView::default());
+        }
+        self.clusters.get_mut(c).expect("inserted")
+    }
+
     fn apply_cluster(&mut self, layer: u32, c: Name, m: Name, d: isize) {
         if d > 0 {
             let (cn, mn) = (self.names.adopt(c), self.names.adopt(m));
-            if !self.clusters.contains_key(cn.as_str()) {
-                self.clusters.insert(cn.to_string(), ClusterView::default());
-            }
-            let cv = self.clusters.get_mut(cn.as_str()).expect("inserted");
+            let cv = self.cluster_mut(&cn);
             cv.layer = layer;
             if cv.members.insert(mn.clone()) {
                 cv.members_since = Some(std::time::Instant::now());
@@ -426,10 +431,7 @@ impl SpaceView {
     fn apply_summary(&mut self, layer: u32, c: Name, text: Name, d: isize, embed: &dyn Fn(&str) -> Embedding) {
         if d > 0 {
             let emb = embed(&text);
-            if !self.clusters.contains_key(c.as_str()) {
-                self.clusters.insert(c.to_string(), ClusterView::default());
-            }
-            let cv = self.clusters.get_mut(c.as_str()).expect("inserted");
+            let cv = self.cluster_mut(&c);
             cv.layer = layer;
             cv.summary_terms = operators::lexical::TermCounts::of(&text);
             cv.summary = Some((text.to_string(), emb));
