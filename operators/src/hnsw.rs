@@ -20,6 +20,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::fasthash::{HashMap, HashSet};
 use crate::model::Embedding;
 
@@ -27,6 +29,18 @@ use crate::model::Embedding;
 const SEED: u64 = 0x5eed_4e57_9a1d_c0de;
 /// Levels are drawn in `0..MAX_LEVEL`.
 const MAX_LEVEL: usize = 16;
+
+/// What an [`Hnsw`] holds besides its vectors: the level generator's state, the entry point and its level, every
+/// point's layer-0 links (their counts in point order, then the links one point after another) and the upper links
+/// of the points above layer 0, by point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Graph {
+    rng: u64,
+    entry: Option<(u32, u32)>,
+    count0: Vec<u16>,
+    links0: Vec<u32>,
+    upper: Vec<(u32, Vec<Vec<u32>>)>,
+}
 
 /// A point and its distance to a query, ordered by distance, then by point.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -299,6 +313,84 @@ impl Hnsw {
         best.into_sorted_vec()
     }
 
+    /// The graph's links and level generator, without its vectors: with them, [`Hnsw::with_graph`] gives this graph
+    /// back without a search, and the inserts after it draw the levels they would have drawn.
+    pub fn graph(&self) -> Graph {
+        let n = self.points.len();
+        let mut links0 = Vec::with_capacity(self.count0.iter().map(|&c| c as usize).sum());
+        for p in 0..n as u32 {
+            links0.extend_from_slice(self.links(p, 0));
+        }
+        let mut upper: Vec<(u32, Vec<Vec<u32>>)> = self.upper.iter().map(|(&p, ls)| (p, ls.clone())).collect();
+        upper.sort_unstable_by_key(|(p, _)| *p);
+        Graph {
+            rng: self.rng,
+            entry: self.entry.map(|(p, l)| (p, l as u32)),
+            count0: self.count0.clone(),
+            links0,
+            upper,
+        }
+    }
+
+    /// The graph [`Hnsw::graph`] took, over its vectors in point order, with `m` and `ef_construction` as
+    /// [`Hnsw::new`] takes them. A graph that does not fit its vectors or `m` (a count or a link out of range, an
+    /// upper layer above its point's level, an entry point not at the top) is an error naming the first fault.
+    pub fn with_graph(m: usize, ef_construction: usize, points: Vec<Embedding>, graph: Graph) -> Result<Hnsw, String> {
+        let mut h = Hnsw::new(m, ef_construction, 0);
+        let n = points.len();
+        let Graph { rng, entry, count0, links0, upper } = graph;
+        if count0.len() != n {
+            return Err(format!("{} link counts for {n} points", count0.len()));
+        }
+        if let Some(p) = count0.iter().position(|&c| c as usize > h.m0) {
+            return Err(format!("point {p} has {} links on layer 0, more than {}", count0[p], h.m0));
+        }
+        if count0.iter().map(|&c| c as usize).sum::<usize>() != links0.len() {
+            return Err(format!("{} layer-0 links for counts that sum to another number", links0.len()));
+        }
+        let out_of_range = |l: &u32| *l as usize >= n;
+        if links0.iter().any(out_of_range) {
+            return Err("a layer-0 link names a point out of range".into());
+        }
+        let mut levels: HashMap<u32, usize> = HashMap::default();
+        for (p, ls) in &upper {
+            if *p as usize >= n || ls.is_empty() || ls.len() >= MAX_LEVEL || levels.insert(*p, ls.len()).is_some() {
+                return Err(format!("point {p}'s upper layers do not fit the graph"));
+            }
+        }
+        for (p, ls) in &upper {
+            for (i, l) in ls.iter().enumerate() {
+                let layer = i + 1;
+                if l.len() > h.m || l.iter().any(|q| out_of_range(q) || levels.get(q).is_none_or(|&lv| lv < layer)) {
+                    return Err(format!("point {p}'s links on layer {layer} do not fit the graph"));
+                }
+            }
+        }
+        let entry = match entry {
+            None if n == 0 => None,
+            Some((p, l)) if (p as usize) < n && levels.get(&p).copied().unwrap_or(0) == l as usize => {
+                if levels.values().any(|&lv| lv > l as usize) {
+                    return Err(format!("a point stands above the entry point's level {l}"));
+                }
+                Some((p, l as usize))
+            }
+            _ => return Err("the entry point does not fit the graph".into()),
+        };
+        h.links0 = vec![0; n * h.m0];
+        let mut at = 0;
+        for (p, &c) in count0.iter().enumerate() {
+            let c = c as usize;
+            h.links0[p * h.m0..p * h.m0 + c].copy_from_slice(&links0[at..at + c]);
+            at += c;
+        }
+        h.count0 = count0;
+        h.upper = upper.into_iter().collect();
+        h.points = points;
+        h.entry = entry;
+        h.rng = rng;
+        Ok(h)
+    }
+
     /// The `k` points nearest to `q` that the walk finds, with a beam of `max(ef, k)`: `(point, distance)`, nearest
     /// first.
     pub fn search(&self, q: &Embedding, k: usize, ef: usize) -> Vec<(u32, f32)> {
@@ -384,6 +476,65 @@ mod tests {
             assert_eq!(a.search(q, 10, 8), b.search(q, 10, 8));
         }
         assert_eq!(a.links0, b.links0);
+    }
+
+    /// A graph taken and given back is the same graph: it answers every search alike, and the inserts after it
+    /// give the graph that the same inserts give to the one it was taken from (the level generator goes on where it
+    /// was).
+    #[test]
+    fn a_graph_given_back_is_the_graph_it_was_taken_from() {
+        let points = corpus(1200);
+        let mut a = Hnsw::new(6, 16, 0);
+        for p in &points[..900] {
+            a.insert(p.clone());
+        }
+        let mut b = Hnsw::with_graph(6, 16, a.points.clone(), a.graph()).unwrap();
+        assert_eq!(b.graph(), a.graph());
+        for q in points.iter().step_by(17) {
+            assert_eq!(a.search(q, 10, 16), b.search(q, 10, 16));
+        }
+        for p in &points[900..] {
+            assert_eq!(a.insert(p.clone()), b.insert(p.clone()));
+        }
+        assert_eq!(b.graph(), a.graph());
+        let empty = Hnsw::new(6, 16, 0);
+        assert!(Hnsw::with_graph(6, 16, Vec::new(), empty.graph()).unwrap().is_empty());
+    }
+
+    /// A graph that does not fit its vectors is refused with the fault named, never taken as it is.
+    #[test]
+    fn a_graph_that_does_not_fit_is_refused() {
+        let points = corpus(300);
+        let mut g = Hnsw::new(4, 8, 0);
+        for p in &points {
+            g.insert(p.clone());
+        }
+        let good = g.graph();
+        let refuse = |graph: Graph, points: Vec<Embedding>| Hnsw::with_graph(4, 8, points, graph).unwrap_err();
+        assert!(refuse(good.clone(), points[..299].to_vec()).contains("link counts"));
+        let mut bad = good.clone();
+        bad.links0[7] = 300;
+        assert!(refuse(bad, points.clone()).contains("out of range"));
+        let mut bad = good.clone();
+        bad.count0[3] = 9;
+        assert!(refuse(bad, points.clone()).contains("more than 8"));
+        let mut bad = good.clone();
+        bad.count0[3] -= 1;
+        assert!(refuse(bad, points.clone()).contains("sum"));
+        let mut bad = good.clone();
+        let (p, ls) = bad.upper[0].clone();
+        bad.upper.push((p, ls));
+        assert!(refuse(bad, points.clone()).contains("upper layers"));
+        let mut bad = good.clone();
+        let past = bad.upper.iter().map(|(p, _)| *p).max().unwrap() + 1;
+        bad.upper[0].1[0].push(past);
+        assert!(refuse(bad, points.clone()).contains("layer 1"));
+        let mut bad = good.clone();
+        bad.entry = bad.entry.map(|(p, l)| (p, l + 1));
+        assert!(refuse(bad, points.clone()).contains("entry point"));
+        let mut bad = good;
+        bad.entry = None;
+        assert!(refuse(bad, points).contains("entry point"));
     }
 
     /// A filtered search walks through the points it skips and returns only the accepted ones.

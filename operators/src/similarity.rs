@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::fasthash::{HashMap, HashSet};
-use crate::hnsw::Hnsw;
+use crate::hnsw::{Graph, Hnsw};
 use crate::model::{Edge, Embedding, Node, POSITION_SCALE};
 use crate::name::Name;
 use crate::slots::SortedSet;
@@ -708,14 +708,14 @@ impl SimilarityIndex {
 }
 
 /// A similarity index as a checkpoint holds it: what the nodes it was fed do not give again. The HNSW index's
-/// points in the order they went in (live or emptied), and every node's class and top-k list. Put in again in that
-/// order, the points make the same graph and leave the HNSW level generator (seeded, drawn once per point) where
-/// it was, so a restored index goes on exactly as the one it was taken from would have: past `exhaustive-below`
-/// the lists depend on the order of the inserts, not only on the live nodes, and a rebuild from the nodes would
-/// keep other edges.
+/// points in the order they went in (live or emptied) with the graph over them, and every node's class and top-k
+/// list. The graph is taken as it is, links and level generator, so a restore searches nothing and a restored index
+/// goes on exactly as the one it was taken from would have: past `exhaustive-below` the lists depend on the order of
+/// the inserts, not only on the live nodes, and a rebuild from the nodes would keep other edges.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IndexState {
     points: Vec<Embedding>,
+    graph: Graph,
     /// By id: `(id, class, list)`, the list as `(node's place in this vector, score)`, best first.
     nodes: Vec<(String, Option<u32>, Vec<(u32, f32)>)>,
 }
@@ -742,7 +742,7 @@ impl SimilarityIndex {
                 (id.to_string(), self.entries[*id].class.map(|c| c as u32), list)
             })
             .collect();
-        IndexState { points, nodes }
+        IndexState { points, graph: self.hnsw.graph(), nodes }
     }
 
     /// The index `state` was taken from, given the nodes it held (`changes`: one batch that inserts exactly them, as
@@ -786,9 +786,10 @@ impl SimilarityIndex {
             return Err("a list names a node out of range".into());
         }
         let mut index = SimilarityIndex::new(params);
-        index.hnsw = Self::new_hnsw(&index.params, state.points.len());
-        for emb in &state.points {
-            index.hnsw.insert(emb.clone());
+        let (m, ef) = (index.params.max_connections, index.params.ef_construction);
+        index.hnsw = Hnsw::with_graph(m, ef, state.points.clone(), state.graph.clone())
+            .map_err(|e| format!("the HNSW graph: {e}"))?;
+        for _ in &state.points {
             index.classes.push(Some(Class { members: SortedSet::default(), by_weakest: SortedSet::default() }));
         }
         let mut names: Vec<Option<Name>> = vec![None; state.nodes.len()];

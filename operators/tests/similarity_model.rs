@@ -428,6 +428,9 @@ fn a_state_that_does_not_match_its_nodes_is_refused() {
     assert!(err.contains("out of range"), "{err}");
     let far_class = damaged(&|v| v["nodes"][0][1] = serde_json::json!(100000));
     assert!(SimilarityIndex::restore(p.clone(), &far_class, &nodes).is_err());
+    let far_link = damaged(&|v| v["graph"]["links0"][0] = serde_json::json!(100000));
+    let err = SimilarityIndex::restore(p.clone(), &far_link, &nodes).err().unwrap();
+    assert!(err.contains("HNSW graph"), "{err}");
     let named_twice = damaged(&|v| v["nodes"][1][0] = v["nodes"][0][0].clone());
     let err = SimilarityIndex::restore(p, &named_twice, &nodes).err().unwrap();
     assert!(err.contains("twice"), "{err}");

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::views::{ViewUpdate, Views};
 
-const MAGIC: &[u8] = b"engram checkpoint 4\n";
+const MAGIC: &[u8] = b"engram checkpoint 5\n";
 
 /// The views at an epoch, and what the dataflow had been fed by then.
 #[derive(Serialize, Deserialize)]
