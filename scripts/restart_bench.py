@@ -13,7 +13,8 @@ updates the rebuilt dataflow differed from the checkpoint in (`engram_checkpoint
 log's lines and how many of them that start compacted away.
 `--env KEY=VALUE` sets the restarts' environment; `--no-rebuild` skips the restart without a checkpoint (whose wait
 for an equal memory does not end where the HNSW index makes a rebuild differ, from about 20,000 nodes), and
-`ready_share_of_build` is the checkpoint's `ready_s` over the first build's time. Each engine's log stays in the temporary directory
+`ready_share_of_build` is the checkpoint's `ready_s` over the first build's time; `--keep DIR` copies the data
+directory as the clean stop left it. Each engine's log stays in the temporary directory
 (`engram-restart-*-N.log`).
 """
 
@@ -102,6 +103,8 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for the restarts (e.g. ENGRAM__CHECKPOINT__COMPACT_MIN_SHARE=1)")
     ap.add_argument("--no-rebuild", action="store_true", help="skip the restart without a checkpoint")
+    ap.add_argument("--keep", metavar="DIR", help="copy the data directory, as the clean stop left it, to DIR "
+                    "(to restart it again, e.g. under a profiler)")
     a = ap.parse_args()
     env = [tuple(kv.split("=", 1)) for kv in a.env]
     first = json.loads(open(a.records).readline())
@@ -146,6 +149,8 @@ def main():
         built_s -= 3.0
         stop_s = e.stop()
         size = os.path.getsize(os.path.join(dir_, "checkpoint.bin"))
+        if a.keep:
+            shutil.copytree(dir_, a.keep)
         out = {"records": a.records, "space": space, "nodes": before["nodes"], "build_s": round(built_s, 2),
                "stop_s": round(stop_s, 2), "checkpoint_bytes": size}
         lines = sum(1 for _ in open(os.path.join(dir_, "input.log")))

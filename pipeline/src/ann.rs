@@ -18,8 +18,9 @@
 
 use std::collections::HashMap;
 
-use operators::hnsw::Hnsw;
-use operators::{Embedding, Name};
+use operators::hnsw::{Graph, Hnsw};
+use operators::{Embedding, Name, Node};
+use serde::{Deserialize, Serialize};
 
 /// The index's parameters (`query.ann-*` keys).
 #[derive(Clone, Debug)]
@@ -102,6 +103,20 @@ impl IndexBuild {
         }
         BuiltIndex { space: self.space, index, nodes: self.nodes }
     }
+}
+
+/// A [`NodeAnn`] as a checkpoint holds it: the graph, and each point's nodes (their vector is theirs in the views)
+/// or, for a tombstone, its vector.
+#[derive(Serialize, Deserialize)]
+pub struct AnnState {
+    graph: Graph,
+    points: Vec<AnnPoint>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum AnnPoint {
+    Nodes(Vec<String>),
+    Tombstone(Embedding),
 }
 
 pub struct NodeAnn {
@@ -245,6 +260,72 @@ impl NodeAnn {
         ids.sort();
         let nodes: Vec<(&Name, &Embedding)> = ids.into_iter().filter_map(|id| Some((id, embedding(id)?))).collect();
         NodeAnn::build(&self.params, nodes.into_iter())
+    }
+
+    /// The index as a checkpoint holds it ([`NodeAnn::restore`] gives it back).
+    pub fn state(&self) -> AnnState {
+        let points = self
+            .points
+            .iter()
+            .enumerate()
+            .map(|(p, ids)| match ids.as_slice() {
+                [] => AnnPoint::Tombstone(self.hnsw.point(p as u32).clone()),
+                ids => AnnPoint::Nodes(ids.iter().map(Name::to_string).collect()),
+            })
+            .collect();
+        AnnState { graph: self.hnsw.graph(), points }
+    }
+
+    /// The index a checkpoint held, over the space's nodes now (the restored views'): a point's vector is its
+    /// nodes' (shared with the views, not a copy). A state that does not fit the nodes — a node missing, filed
+    /// twice or under a point of another vector, an indexable node left out, a graph that does not fit its points —
+    /// is an error, and the index is built from the nodes instead.
+    pub fn restore(
+        params: &AnnParams,
+        state: AnnState,
+        nodes: &operators::fasthash::HashMap<Name, (Node, Embedding)>,
+    ) -> Result<NodeAnn, String> {
+        let mut ann = NodeAnn::empty(params, nodes.len());
+        let mut vectors = Vec::with_capacity(state.points.len());
+        for (p, point) in state.points.into_iter().enumerate() {
+            let ids = match point {
+                AnnPoint::Tombstone(e) => {
+                    vectors.push(e);
+                    ann.points.push(Vec::new());
+                    continue;
+                }
+                AnnPoint::Nodes(ids) => ids,
+            };
+            let mut names: Vec<Name> = Vec::with_capacity(ids.len());
+            for id in &ids {
+                let Some((name, (_, e))) = nodes.get_key_value(id.as_str()) else {
+                    return Err(format!("point {p} names {id}, which is not a node"));
+                };
+                if e.is_zero() || names.first().is_some_and(|f| nodes[f].1 != *e) {
+                    return Err(format!("node {id} is filed under a point of another vector"));
+                }
+                if names.last().is_some_and(|l| l.as_str() >= id.as_str()) {
+                    return Err(format!("point {p}'s nodes are not sorted and distinct"));
+                }
+                if ann.live.insert(name.clone(), p).is_some() {
+                    return Err(format!("node {id} is filed twice"));
+                }
+                names.push(name.clone());
+            }
+            let Some(first) = names.first() else { return Err(format!("point {p} names no node")) };
+            vectors.push(nodes[first].1.clone());
+            ann.points.push(names);
+            ann.live_points += 1;
+        }
+        let indexable = nodes.values().filter(|(_, e)| !e.is_zero()).count();
+        if ann.live.len() != indexable {
+            return Err(format!("{} nodes filed of {indexable}", ann.live.len()));
+        }
+        for (p, e) in vectors.iter().enumerate() {
+            ann.by_vector.entry(e.content_hash()).or_default().push(p);
+        }
+        ann.hnsw = Hnsw::with_graph(params.max_connections, params.ef_construction, vectors, state.graph)?;
+        Ok(ann)
     }
 
     /// The `k` live nodes nearest to `q` as far as the walk finds them: `(cosine, id)`, best first, ties by id (a

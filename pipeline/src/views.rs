@@ -856,6 +856,33 @@ impl Views {
             .collect()
     }
 
+    /// Every space's nearest-neighbour index as a checkpoint holds it; a space without one (too small, or its index
+    /// out being built) has none, and a restart builds its index.
+    pub fn ann_states(&self) -> Vec<(String, crate::ann::AnnState)> {
+        self.spaces.iter().filter_map(|(s, v)| Some((s.clone(), v.ann.as_ref()?.state()))).collect()
+    }
+
+    /// Installs the indexes a checkpoint held over the restored nodes ([`Views::restore`]), in place of the builds
+    /// their restore asked for. A state that does not fit its space's nodes is dropped with a warning, and that
+    /// space's index is built from the nodes.
+    pub fn restore_indexes(&mut self, states: Vec<(String, crate::ann::AnnState)>) {
+        for (space, state) in states {
+            let Some(view) = self.spaces.get_mut(&space) else { continue };
+            if view.ann.is_some() || view.nodes.len() < self.ann.exhaustive_below {
+                continue;
+            }
+            match crate::ann::NodeAnn::restore(&self.ann, state, &view.nodes) {
+                Ok(index) => {
+                    *view.ann = Some(index);
+                    view.ann.building = false;
+                    self.index_builds.remove(&space);
+                }
+                Err(e) => tracing::warn!(space, error = %e,
+                    "the checkpoint's nearest-neighbour index does not fit the space; building it from its nodes"),
+            }
+        }
+    }
+
     /// Installs an index built aside (see [`SpaceView::install_index`]).
     pub fn install_index(&mut self, built: crate::ann::BuiltIndex) {
         let params = self.ann.clone();
@@ -1242,6 +1269,52 @@ mod tests {
     /// An index built aside: asked for once when the space crosses `exhaustive-below` (the space is read exactly
     /// until it is installed), brought up to date at install with what came, changed and left during the build, and
     /// asked for again when tombstones outnumber the living, the worn index serving meanwhile.
+    /// A checkpoint's nearest-neighbour index is installed as it was, tombstones and plateaus included: the
+    /// restored views answer every search alike and ask for no build. One that does not fit the restored nodes is
+    /// dropped, and the build is asked for.
+    #[test]
+    fn a_restored_index_is_the_index_it_was_taken_from() {
+        let e = operators::HashEmbedder::new(64);
+        let text = |i: usize| format!("turn {i} of topic{} word{}", i % 41, i % 97);
+        let upsert = |i: usize, t: &str, d: isize| {
+            let mut n = node(&format!("n{i:05}"), t);
+            n.pos = i as i64;
+            (ViewUpdate::Node("s".into(), Box::new(n), operators::Embedder::embed(&e, t)), d)
+        };
+        let ann = crate::ann::AnnParams { exhaustive_below: 500, build_aside: true, ..Default::default() };
+        let mut v = Views { ann: ann.clone(), ..Views::default() };
+        v.apply((0..900).map(|i| upsert(i, &text(i), 1)).collect());
+        let built = v.take_index_builds().pop().unwrap().run();
+        v.install_index(built);
+        // A plateau of one backchannel, and points left as tombstones.
+        v.apply((900..960).map(|i| upsert(i, "yeah .", 1)).collect());
+        v.apply((0..40).map(|i| upsert(i, &text(i), -1)).collect());
+        v.as_of = Some(3);
+        let (updates, vectors) = v.snapshot();
+        let restore = |states| {
+            let mut back = Views { ann: ann.clone(), ..Views::default() };
+            back.restore((3, None), updates.clone(), vectors.clone(), 0, VecDeque::new());
+            back.restore_indexes(states);
+            back
+        };
+        let back = restore(v.ann_states());
+        assert!(back.index_builds.is_empty(), "no build is asked for");
+        let (a, b) = (v.spaces["s"].ann.as_ref().unwrap(), back.spaces["s"].ann.as_ref().unwrap());
+        assert_eq!((b.len(), b.points()), (a.len(), a.points()));
+        for q in (0..900).step_by(7).map(text).chain(["yeah .".to_string()]) {
+            let q = operators::Embedder::embed(&e, &q);
+            assert_eq!(a.search(&q, 12), b.search(&q, 12));
+        }
+        // A state taken before a node came: it does not fit, and the index is built from the nodes.
+        let mut before = Views { ann: ann.clone(), ..Views::default() };
+        before.apply((0..899).map(|i| upsert(i, &text(i), 1)).collect());
+        let built = before.take_index_builds().pop().unwrap().run();
+        before.install_index(built);
+        let mut unfit = restore(before.ann_states());
+        assert!(unfit.spaces["s"].ann.is_none());
+        assert_eq!(unfit.take_index_builds().len(), 1, "the build is asked for");
+    }
+
     #[test]
     fn an_index_built_aside_catches_up_with_the_changes_made_during_its_build() {
         let e = operators::HashEmbedder::new(64);

@@ -24,6 +24,7 @@ use operators::similarity::IndexState;
 use operators::Embedding;
 use serde::{Deserialize, Serialize};
 
+use crate::ann::AnnState;
 use crate::config::Config;
 use crate::views::{ViewUpdate, Views};
 
@@ -48,6 +49,8 @@ pub(super) struct Checkpoint {
     pub vectors: Vec<(String, Embedding)>,
     /// The similarity indexes at `epoch`, when they were taken with the views (nothing fed after `epoch` yet).
     pub indexes: Option<IndexStates>,
+    /// The views' nearest-neighbour indexes, by space: a restart installs them instead of building them again.
+    pub ann: Vec<(String, AnnState)>,
 }
 
 /// The memory's similarity indexes at a checkpoint's epoch, by space: layer 0's and the events'.
@@ -92,6 +95,7 @@ impl Checkpoint {
             updates,
             vectors,
             indexes,
+            ann: views.ann_states(),
         })
     }
 
@@ -99,6 +103,7 @@ impl Checkpoint {
     pub fn restore(self, views: &mut Views) {
         let errors: VecDeque<ErrorRow> = self.errors.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
         views.restore((self.epoch, self.hierarchy_epoch), self.updates, self.vectors, self.errors_total, errors);
+        views.restore_indexes(self.ann);
     }
 
     /// Writes the checkpoint to `path`, replacing the last one only once this one is whole and durable.

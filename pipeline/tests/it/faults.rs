@@ -398,3 +398,71 @@ async fn a_restart_goes_on_from_the_checkpointed_index_where_a_rebuild_would_dif
     assert_eq!(from_scratch.len(), expected);
     assert_ne!(from_scratch, uninterrupted, "this index rebuilt in one epoch keeps other edges than in twelve");
 }
+
+/// A space past `query.exhaustive-below` is read through the views' nearest-neighbour index. A checkpoint holds the
+/// index, and a restart installs it over the restored nodes instead of building it again: the restarted engine
+/// builds none, and flat queries (the index's top-k) answer as they did before the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_takes_the_views_index_from_its_checkpoint() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let words = [
+        "harbour", "storm", "council", "wall", "ferry", "strike", "budget", "tide", "pier", "clinic", "vote", "school",
+        "bridge", "flood", "rail", "market", "fire", "court", "park", "road",
+    ];
+    let mut text = || (0..6).map(|_| words[rng.gen_range(0..words.len())]).collect::<Vec<_>>().join(" ");
+    // 1,100 chunks, a tenth of them one repeated line (nodes that share one point of the index).
+    let batches: Vec<String> = (0..11)
+        .map(|b| {
+            (0..100)
+                .map(|i| {
+                    let t = if i % 10 == 0 { "yeah the flood again".to_string() } else { text() };
+                    json!({"kind": "chunk", "doc": format!("d{}", b * 100 + i), "seq": 0, "text": t}).to_string()
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect();
+    let env = [("ENGRAM__QUERY__EXHAUSTIVE_BELOW", "1024"), ("ENGRAM__INGEST__EPOCH_INTERVAL", "20ms")];
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::start(dir.path(), &[], &env);
+    let mut last = 0;
+    for b in &batches {
+        last = send(&engine.api, b).await.unwrap();
+    }
+    layer0_wait(&engine.api, last).await;
+    let (deadline, started) = (Instant::now() + Duration::from_secs(60), Instant::now());
+    while metric::<u64>(&engine, "engram_index_build_seconds_count").await == 0 {
+        assert!(Instant::now() < deadline, "the views never built their index");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Long enough for a restart that builds the index to have built it.
+    let build_time = started.elapsed() * 3 + Duration::from_secs(1);
+    let queries: Vec<Value> = ["yeah the flood again", "storm tide harbour wall", "council budget vote", "rail bridge"]
+        .iter()
+        .map(|q| json!({"query": q, "mode": "flat", "k": 20, "budget_words": 100000}))
+        .collect();
+    let answers = |api: String| {
+        let queries = queries.clone();
+        async move {
+            let mut out = Vec::new();
+            for q in &queries {
+                let (status, resp) = crate::common::post(&format!("{api}/v1/spaces/f/query"), q.to_string()).await;
+                assert_eq!(status, 200, "{resp}");
+                out.push(resp["evidence"].clone());
+            }
+            out
+        }
+    };
+    let before = answers(engine.api.clone()).await;
+    assert_eq!(before[0].as_array().unwrap().len(), 20);
+    let mut engine = engine;
+    assert_eq!(engine.terminate(), Some(0));
+
+    let mut engine = Engine::start(dir.path(), &[], &env);
+    assert!(restored_epoch(&engine).await >= last as i64, "the restart serves its checkpoint");
+    assert_eq!(answers(engine.api.clone()).await, before, "the restarted index answers as the one before the stop");
+    tokio::time::sleep(build_time).await;
+    let builds: u64 = metric(&engine, "engram_index_build_seconds_count").await;
+    assert_eq!(builds, 0, "the restart built a nearest-neighbour index instead of taking its own");
+    assert_eq!(engine.terminate(), Some(0));
+}
