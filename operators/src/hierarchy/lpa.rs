@@ -86,12 +86,13 @@ impl Lpa {
     /// Applies one epoch's changes — replicas `(r, None)` and directed edges `(x, Some((y, weight)))`, with
     /// multiplicities — and returns the replicas whose final label changed.
     pub fn apply(&mut self, changes: Vec<(GraphRow, isize)>) -> Vec<LabelChange> {
-        let mut dirty: BTreeSet<u32> = BTreeSet::new();
+        // Collected as lists and made sets once: an epoch that builds a whole layer inserts millions.
+        let mut dirty: Vec<u32> = Vec::new();
         let mut was_live: HashMap<u32, bool> = HashMap::default();
-        let mut touched: BTreeSet<u32> = BTreeSet::new();
+        let mut touched: Vec<u32> = Vec::new();
         for ((x, e), d) in changes {
             let sx = self.slot_of(&x);
-            touched.insert(sx);
+            touched.push(sx);
             match e {
                 None => {
                     was_live.entry(sx).or_insert(self.present[sx as usize] > 0);
@@ -99,7 +100,7 @@ impl Lpa {
                 }
                 Some((y, w)) => {
                     let sy = self.slot_of(&y);
-                    touched.insert(sy);
+                    touched.push(sy);
                     let list = &mut self.adj[sx as usize];
                     match list.iter_mut().position(|(n, nw, _)| *n == sy && *nw == w) {
                         Some(i) => {
@@ -113,10 +114,13 @@ impl Lpa {
                             list.push((sy, w, multiplicity(d)))
                         }
                     }
-                    dirty.insert(sx);
+                    dirty.push(sx);
                 }
             }
         }
+        let mut dirty: BTreeSet<u32> = dirty.into_iter().collect();
+        touched.sort_unstable();
+        touched.dedup();
         // Replicas that appeared or went: their own labels start or end, and their neighbours' votes change.
         let mut born: Vec<u32> = Vec::new();
         let mut gone: Vec<u32> = Vec::new();
@@ -186,18 +190,31 @@ impl Lpa {
         // before; remember the final label of each before it changes.
         let is_born: std::collections::HashSet<u32> = born.iter().copied().collect();
         let mut changed: Vec<u32> = born.to_vec();
+        // A round reads only the round before, so its replicas may be taken in any order: each once, marked in a
+        // flag per slot (a set ordered by slot cost most of a whole layer's first build).
+        let mut marked = vec![false; self.labels.len()];
+        let mut todo: Vec<u32> = Vec::new();
+        fn mark(s: u32, marked: &mut [bool], todo: &mut Vec<u32>) {
+            if !std::mem::replace(&mut marked[s as usize], true) {
+                todo.push(s);
+            }
+        }
         for round in 1..=self.rounds {
-            let mut todo: BTreeSet<u32> = dirty.clone();
+            todo.clear();
+            for &s in &dirty {
+                mark(s, &mut marked, &mut todo);
+            }
             for &s in &changed {
-                todo.insert(s);
+                mark(s, &mut marked, &mut todo);
                 for (n, _, m) in &self.adj[s as usize] {
                     if *m > 0 && self.live(*n) {
-                        todo.insert(*n);
+                        mark(*n, &mut marked, &mut todo);
                     }
                 }
             }
             let mut now_changed = Vec::new();
-            for s in todo {
+            for &s in &todo {
+                marked[s as usize] = false;
                 let l = self.next(s, round);
                 let slot = &mut self.labels[s as usize];
                 if slot[round] != l || is_born.contains(&s) {
