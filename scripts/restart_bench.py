@@ -8,7 +8,7 @@ Builds the memory from RECORDS.jsonl (`engram run --input`), stops it cleanly (t
 restarts it twice from the same data directory: from the checkpoint, and with checkpoints off (a rebuild from the
 logs). Prints one JSON object: the build time, the stop time, the checkpoint's size, and per restart the time until
 the space's statistics equal those before the stop (`ready_s`) and, from the checkpoint, until the dataflow has
-rebuilt behind it (`rebuilt_s`), whether the space's statistics then still equal those before the stop and how many
+rebuilt behind it (`rebuilt_s`) and until the structure has rebuilt the hierarchy behind it (`hierarchy_rebuilt_s`), whether the space's statistics then still equal those before the stop and how many
 updates the rebuilt dataflow differed from the checkpoint in (`engram_checkpoint_rebuild_differences`), with the input
 log's lines and how many of them that start compacted away.
 `--env KEY=VALUE` sets the restarts' environment; `--no-rebuild` skips the restart without a checkpoint (whose wait
@@ -157,6 +157,7 @@ def main():
         r = Engine(a.engram, dir_, env=env)
         ready_s, _ = r.wait(lambda: e_eq(r.space(space), before))
         rebuilt_s, _ = r.wait(lambda: r.metric("engram_checkpoint_rebuilding") == 0.0)
+        hierarchy_s, _ = r.wait(lambda: r.metric("engram_checkpoint_hierarchy_rebuilding") == 0.0)
         # The views take the rebuilt state (where it differs from the checkpoint) just after the rebuild passes it.
         time.sleep(1.0)
         same = r.space(space) == before
@@ -164,6 +165,7 @@ def main():
         compacted = r.metric("engram_input_log_compacted_lines_total")
         r.stop()
         out["from_checkpoint"] = {"ready_s": round(ready_s, 2), "rebuilt_s": round(rebuilt_s, 2),
+                                  "hierarchy_rebuilt_s": round(hierarchy_s, 2),
                                   "equal_after_rebuild": same, "rebuild_differences": int(differences or 0),
                                   "log_lines": lines,
                                   "compacted_lines": int(compacted or 0)}

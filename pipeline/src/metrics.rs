@@ -37,6 +37,9 @@ pub struct Metrics {
     /// 1 while the dataflow rebuilds behind a restored checkpoint (the views serve the checkpoint, and records
     /// after it wait), else 0.
     pub checkpoint_rebuilding: IntGauge,
+    /// 1 while the structure rebuilds the hierarchy behind a restored checkpoint (the views serve the checkpoint's
+    /// hierarchy until the structure's first step replaces it), else 0.
+    pub checkpoint_hierarchy_rebuilding: IntGauge,
     /// The updates by which the dataflow, rebuilt behind the restored checkpoint, differed from it (the views then
     /// took the dataflow's state); 0 when they agreed or no checkpoint was restored.
     pub checkpoint_rebuild_differences: IntGauge,
@@ -170,6 +173,11 @@ impl Metrics {
             "1 while the dataflow rebuilds behind a restored checkpoint (records after it are reflected once it is done)",
         )
         .expect("metric");
+        let checkpoint_hierarchy_rebuilding = IntGauge::new(
+            "engram_checkpoint_hierarchy_rebuilding",
+            "1 while the structure rebuilds the hierarchy behind a restored checkpoint (its hierarchy is served until then)",
+        )
+        .expect("metric");
         let checkpoint_rebuild_differences = IntGauge::new(
             "engram_checkpoint_rebuild_differences",
             "Updates by which the dataflow rebuilt behind the restored checkpoint differed from it (the views took its state)",
@@ -217,6 +225,7 @@ impl Metrics {
             Box::new(checkpoint_failures.clone()),
             Box::new(checkpoint_restored.clone()),
             Box::new(checkpoint_rebuilding.clone()),
+            Box::new(checkpoint_hierarchy_rebuilding.clone()),
             Box::new(checkpoint_rebuild_differences.clone()),
             Box::new(input_log_compacted.clone()),
             Box::new(records_in.clone()),
@@ -268,6 +277,7 @@ impl Metrics {
             checkpoint_failures,
             checkpoint_restored,
             checkpoint_rebuilding,
+            checkpoint_hierarchy_rebuilding,
             checkpoint_rebuild_differences,
             input_log_compacted,
             llm,
@@ -322,6 +332,7 @@ impl Metrics {
             Box::new(self.checkpoint_failures.clone()),
             Box::new(self.checkpoint_restored.clone()),
             Box::new(self.checkpoint_rebuilding.clone()),
+            Box::new(self.checkpoint_hierarchy_rebuilding.clone()),
             Box::new(self.checkpoint_rebuild_differences.clone()),
             Box::new(self.input_log_compacted.clone()),
             Box::new(self.input_log_fsync.clone()),

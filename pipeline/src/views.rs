@@ -538,6 +538,15 @@ fn layer_weight(w: u64) -> u32 {
 /// How many recent rejects the views keep for `GET /v1/errors`.
 const RECENT_ERRORS: usize = 100;
 
+/// Which of the views' updates a snapshot takes: all of them, the dataflow's (all but the structure's and the
+/// sources' positions) or the structure's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    Dataflow,
+    Structure,
+}
+
 #[derive(Default)]
 pub struct Views {
     /// The last epoch whose layer 0 and event memory are applied; `None` before the first.
@@ -699,45 +708,71 @@ impl Views {
     /// updates, so what is derived from them (the lexical index, the order of a document, the index of layer 0) is
     /// rebuilt, not stored.
     pub fn snapshot(&self) -> (Vec<ViewUpdate>, Vec<(String, Embedding)>) {
+        self.snapshot_of(Part::All, true)
+    }
+
+    /// The structure's part of [`Views::snapshot`]: clusters, layer edges, summaries and summary requests (what
+    /// [`ViewUpdate::is_structure`] accepts).
+    pub fn structure_snapshot(&self) -> Vec<ViewUpdate> {
+        self.snapshot_of(Part::Structure, false).0
+    }
+
+    /// The updates of `part` of [`Views::snapshot`], with the vectors of its summaries and events when asked.
+    fn snapshot_of(&self, part: Part, with_vectors: bool) -> (Vec<ViewUpdate>, Vec<(String, Embedding)>) {
+        let (dataflow, structure) = (part != Part::Structure, part != Part::Dataflow);
         let mut updates = Vec::new();
         let mut vectors = Vec::new();
         for (space, v) in &self.spaces {
             let s = || space.clone();
             let n = Name::from(space.as_str());
-            for (node, emb) in v.nodes.values() {
-                updates.push(ViewUpdate::Node(s(), Box::new(node.clone()), emb.clone()));
+            if dataflow {
+                for (node, emb) in v.nodes.values() {
+                    updates.push(ViewUpdate::Node(s(), Box::new(node.clone()), emb.clone()));
+                }
             }
             for (a, links) in &v.adjacency {
                 for (b, w) in links.after(a) {
                     if v.nodes.contains_key(a.as_str()) && v.nodes.contains_key(b.as_str()) {
-                        let (u, v) = (a.to_string(), b.to_string());
-                        updates.push(ViewUpdate::Edge(Box::new(Edge { space: s(), u, v, weight_micro: *w })));
-                    } else {
+                        if dataflow {
+                            let (u, v) = (a.to_string(), b.to_string());
+                            updates.push(ViewUpdate::Edge(Box::new(Edge { space: s(), u, v, weight_micro: *w })));
+                        }
+                    } else if structure {
                         let layer = v.clusters.get(a.as_str()).map_or(0, |c| c.layer);
                         updates.push(ViewUpdate::LayerEdge(n.clone(), layer, a.clone(), b.clone(), u64::from(*w)));
                     }
                 }
             }
-            for (c, cv) in &v.clusters {
-                for m in &cv.members {
-                    updates.push(ViewUpdate::Cluster(n.clone(), cv.layer, Name::from(c.as_str()), m.clone()));
-                }
-                if let Some((text, emb)) = &cv.summary {
-                    updates.push(ViewUpdate::Summary(
-                        n.clone(),
-                        cv.layer,
-                        Name::from(c.as_str()),
-                        Name::from(text.as_str()),
-                    ));
-                    vectors.push((text.clone(), emb.clone()));
+            if structure {
+                for (c, cv) in &v.clusters {
+                    for m in &cv.members {
+                        updates.push(ViewUpdate::Cluster(n.clone(), cv.layer, Name::from(c.as_str()), m.clone()));
+                    }
+                    if let Some((text, emb)) = &cv.summary {
+                        updates.push(ViewUpdate::Summary(
+                            n.clone(),
+                            cv.layer,
+                            Name::from(c.as_str()),
+                            Name::from(text.as_str()),
+                        ));
+                        if with_vectors {
+                            vectors.push((text.clone(), emb.clone()));
+                        }
+                    }
                 }
             }
             for (key, r) in &v.requests {
-                updates.push(ViewUpdate::Request(s(), key.clone(), Box::new(r.as_ref().clone())));
+                let of_structure = matches!(**r, ModelRequest::Summary { .. });
+                if (of_structure && structure) || (!of_structure && dataflow) {
+                    updates.push(ViewUpdate::Request(s(), key.clone(), Box::new(r.as_ref().clone())));
+                }
+            }
+            if !dataflow {
+                continue;
             }
             for (id, e) in &v.events {
                 updates.push(ViewUpdate::Event(s(), Box::new(e.clone())));
-                if let Some(emb) = v.event_vectors.get(id) {
+                if let Some(emb) = v.event_vectors.get(id).filter(|_| with_vectors) {
                     vectors.push((event_text(e), emb.clone()));
                 }
             }
@@ -751,8 +786,10 @@ impl Views {
                 updates.push(ViewUpdate::Topic(n.clone(), t.into(), e.into()));
             }
         }
-        for (source, offset) in &self.positions {
-            updates.push(ViewUpdate::Position(source.clone(), *offset));
+        if part == Part::All {
+            for (source, offset) in &self.positions {
+                updates.push(ViewUpdate::Position(source.clone(), *offset));
+            }
         }
         (updates, vectors)
     }
@@ -765,12 +802,9 @@ impl Views {
     pub fn correction(&self, rebuilt: Vec<(ViewUpdate, isize)>) -> Vec<(ViewUpdate, isize)> {
         let of_dataflow =
             |u: &ViewUpdate| !u.is_structure() && !matches!(u, ViewUpdate::Error(_) | ViewUpdate::Position(..));
-        let (held, _) = self.snapshot();
-        let mut diff: Vec<(ViewUpdate, isize)> = rebuilt
-            .into_iter()
-            .filter(|(u, _)| of_dataflow(u))
-            .chain(held.into_iter().filter(|u| of_dataflow(u)).map(|u| (u, -1)))
-            .collect();
+        let (held, _) = self.snapshot_of(Part::Dataflow, false);
+        let mut diff: Vec<(ViewUpdate, isize)> =
+            rebuilt.into_iter().filter(|(u, _)| of_dataflow(u)).chain(held.into_iter().map(|u| (u, -1))).collect();
         differential_dataflow::consolidation::consolidate(&mut diff);
         diff
     }
@@ -871,8 +905,11 @@ impl Views {
             if view.ann.is_some() || view.nodes.len() < self.ann.exhaustive_below {
                 continue;
             }
+            let t = std::time::Instant::now();
             match crate::ann::NodeAnn::restore(&self.ann, state, &view.nodes) {
                 Ok(index) => {
+                    tracing::info!(space, nodes = index.len(), took = ?t.elapsed(),
+                        "installed the checkpoint's nearest-neighbour index");
                     *view.ann = Some(index);
                     view.ann.building = false;
                     self.index_builds.remove(&space);
@@ -1066,15 +1103,28 @@ mod tests {
                 updates.push(ViewUpdate::Relation("s".into(), Box::new(r)));
             }
         }
+        let request = |r: ModelRequest| ViewUpdate::Request("s".into(), format!("{:?}", r.kind()), Box::new(r));
+        updates.push(request(ModelRequest::Summary { layer: 1, cluster: "L1:x".into(), members: vec![] }));
+        updates.push(request(ModelRequest::Judge { pair: [("E:1".into(), "a".into()), ("E:2".into(), "b".into())] }));
+        updates.push(ViewUpdate::Position("file:a".into(), 7));
         let embed = |text: &str| Embedding::new(vec![text.len() as f32, 1.0]);
         views.apply_with(updates.into_iter().map(|u| (u, 1)).collect(), &embed);
         let (held, vectors) = views.snapshot();
-        let mut restored = Views::default();
-        restored.restore((3, Some(2)), held.clone(), vectors, 0, VecDeque::new());
+        // The structure's part and the dataflow's split the snapshot by `is_structure`, the positions in neither.
         let sorted = |mut u: Vec<ViewUpdate>| {
             u.sort();
             u
         };
+        let part = |f: &dyn Fn(&ViewUpdate) -> bool| sorted(held.iter().filter(|u| f(u)).cloned().collect());
+        let structure = sorted(views.structure_snapshot());
+        assert_eq!(structure, part(&|u| u.is_structure()));
+        assert_eq!(structure.iter().filter(|u| matches!(u, ViewUpdate::Request(..))).count(), 1);
+        let dataflow = part(&|u| !u.is_structure() && !matches!(u, ViewUpdate::Position(..)));
+        assert_eq!(sorted(views.snapshot_of(Part::Dataflow, false).0), dataflow);
+        assert_eq!(dataflow.iter().filter(|u| matches!(u, ViewUpdate::Request(..))).count(), 1);
+        assert!(views.correction(dataflow.into_iter().map(|u| (u, 1)).collect()).is_empty());
+        let mut restored = Views::default();
+        restored.restore((3, Some(2)), held.clone(), vectors, 0, VecDeque::new());
         assert_eq!(sorted(restored.snapshot().0), sorted(held));
         let (a, b) = (&views.spaces["s"], &restored.spaces["s"]);
         let parents = |v: &SpaceView| -> BTreeMap<String, Vec<String>> {

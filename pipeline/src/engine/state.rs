@@ -254,6 +254,7 @@ impl Shared {
                     "serving the checkpoint; the dataflow rebuilds behind it");
                 metrics.checkpoint_restored.set(e as i64);
                 metrics.checkpoint_rebuilding.set(1);
+                metrics.checkpoint_hierarchy_rebuilding.set(1);
                 open_epoch = open_epoch.max(prefix.last().map_or(e, |p| p.0) + 1);
                 (prefix, Some(e))
             }

@@ -140,7 +140,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
             replace = false;
             updates.append(&mut kept);
             let held: Vec<(ViewUpdate, isize)> =
-                shared.views().snapshot().0.into_iter().filter(ViewUpdate::is_structure).map(|u| (u, -1)).collect();
+                shared.views().structure_snapshot().into_iter().map(|u| (u, -1)).collect();
             tracing::info!(retracted = held.len(), "the structure replaces the checkpoint's hierarchy");
             updates.extend(held);
         }
@@ -150,6 +150,9 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
         apply_to_views(shared, vec![(at, updates)], |views| {
             views.hierarchy_as_of = through.max(views.hierarchy_as_of);
         });
+        if shared.restored_through.is_some() {
+            shared.metrics.checkpoint_hierarchy_rebuilding.set(0);
+        }
         taken_off();
         shared.structure_advanced(through);
         if fed {
