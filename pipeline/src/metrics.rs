@@ -29,6 +29,9 @@ pub struct Metrics {
     pub checkpoint_epoch: IntGauge,
     pub checkpoint_bytes: IntGauge,
     pub checkpoint_seconds: prometheus::Histogram,
+    /// Time to take a checkpoint's state from the views and the indexes, on the views sink's thread: the pause in
+    /// applying epochs that a checkpoint costs.
+    pub checkpoint_pause_seconds: prometheus::Histogram,
     /// Time to build a space's nearest-neighbour index aside (the space is read exactly meanwhile).
     pub index_build_seconds: prometheus::Histogram,
     pub checkpoint_failures: IntCounter,
@@ -151,6 +154,11 @@ impl Metrics {
             "Time to write a checkpoint (serialise, write, fsync, rename)",
         ))
         .expect("metric");
+        let checkpoint_pause_seconds = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new(
+            "engram_checkpoint_pause_seconds",
+            "Time to take a checkpoint's state from the views and the indexes (epochs wait meanwhile)",
+        ))
+        .expect("metric");
         let index_build_seconds = prometheus::Histogram::with_opts(
             prometheus::HistogramOpts::new(
                 "engram_index_build_seconds",
@@ -221,6 +229,7 @@ impl Metrics {
             Box::new(checkpoint_epoch.clone()),
             Box::new(checkpoint_bytes.clone()),
             Box::new(checkpoint_seconds.clone()),
+            Box::new(checkpoint_pause_seconds.clone()),
             Box::new(index_build_seconds.clone()),
             Box::new(checkpoint_failures.clone()),
             Box::new(checkpoint_restored.clone()),
@@ -273,6 +282,7 @@ impl Metrics {
             checkpoint_epoch,
             checkpoint_bytes,
             checkpoint_seconds,
+            checkpoint_pause_seconds,
             index_build_seconds,
             checkpoint_failures,
             checkpoint_restored,
@@ -328,6 +338,7 @@ impl Metrics {
             Box::new(self.checkpoint_epoch.clone()),
             Box::new(self.checkpoint_bytes.clone()),
             Box::new(self.checkpoint_seconds.clone()),
+            Box::new(self.checkpoint_pause_seconds.clone()),
             Box::new(self.index_build_seconds.clone()),
             Box::new(self.checkpoint_failures.clone()),
             Box::new(self.checkpoint_restored.clone()),

@@ -538,11 +538,10 @@ fn layer_weight(w: u64) -> u32 {
 /// How many recent rejects the views keep for `GET /v1/errors`.
 const RECENT_ERRORS: usize = 100;
 
-/// Which of the views' updates a snapshot takes: all of them, the dataflow's (all but the structure's and the
-/// sources' positions) or the structure's.
+/// Which of the views' updates a snapshot takes: the dataflow's (all but the structure's and the sources'
+/// positions) or the structure's.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Part {
-    All,
     Dataflow,
     Structure,
 }
@@ -707,8 +706,17 @@ impl Views {
     /// text): what a checkpoint holds. [`Views::restore`] applies them through the same code as the dataflow's
     /// updates, so what is derived from them (the lexical index, the order of a document, the index of layer 0) is
     /// rebuilt, not stored.
+    /// The structure's part and the rest are taken on two threads at once (both only read the views).
     pub fn snapshot(&self) -> (Vec<ViewUpdate>, Vec<(String, Embedding)>) {
-        self.snapshot_of(Part::All, true)
+        let ((mut updates, mut vectors), (structure, summaries)) = std::thread::scope(|s| {
+            let structure = s.spawn(|| self.snapshot_of(Part::Structure, true));
+            let rest = self.snapshot_of(Part::Dataflow, true);
+            (rest, structure.join().expect("a snapshot does not panic"))
+        });
+        updates.extend(structure);
+        vectors.extend(summaries);
+        updates.extend(self.positions.iter().map(|(source, offset)| ViewUpdate::Position(source.clone(), *offset)));
+        (updates, vectors)
     }
 
     /// The structure's part of [`Views::snapshot`]: clusters, layer edges, summaries and summary requests (what
@@ -731,8 +739,10 @@ impl Views {
                 }
             }
             for (a, links) in &v.adjacency {
+                // A layer-0 edge joins two nodes, a layer edge two clusters: `a` decides, looked up once.
+                let a_is_node = v.nodes.contains_key(a.as_str());
                 for (b, w) in links.after(a) {
-                    if v.nodes.contains_key(a.as_str()) && v.nodes.contains_key(b.as_str()) {
+                    if a_is_node && v.nodes.contains_key(b.as_str()) {
                         if dataflow {
                             let (u, v) = (a.to_string(), b.to_string());
                             updates.push(ViewUpdate::Edge(Box::new(Edge { space: s(), u, v, weight_micro: *w })));
@@ -784,11 +794,6 @@ impl Views {
             }
             for (e, t) in &v.topic_of {
                 updates.push(ViewUpdate::Topic(n.clone(), t.into(), e.into()));
-            }
-        }
-        if part == Part::All {
-            for (source, offset) in &self.positions {
-                updates.push(ViewUpdate::Position(source.clone(), *offset));
             }
         }
         (updates, vectors)

@@ -206,10 +206,7 @@ impl super::state::Shared {
             return;
         }
         let t = std::time::Instant::now();
-        let checkpoint = {
-            let views = self.views();
-            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
-        };
+        let checkpoint = self.take_checkpoint();
         let taken = t.elapsed();
         let shared = self.clone();
         std::thread::spawn(move || {
@@ -219,6 +216,20 @@ impl super::state::Shared {
             *shared.last_checkpoint.lock().expect("checkpoint lock") = std::time::Instant::now();
             shared.checkpointing.store(false, std::sync::atomic::Ordering::SeqCst);
         });
+    }
+
+    /// The checkpoint of the views as they are, with the similarity indexes' states when they are at the views'
+    /// epoch. The views' part and the indexes' are taken on two threads at once (both only read), so the pause in
+    /// applying epochs is the longer of the two, not their sum.
+    fn take_checkpoint(&self) -> Option<Checkpoint> {
+        let views = self.views();
+        let fed = self.fed_by(views.as_of?);
+        let (indexes, checkpoint) = std::thread::scope(|s| {
+            let indexes = s.spawn(|| self.index_states());
+            let checkpoint = Checkpoint::of(&views, &self.config, fed, None);
+            (indexes.join().expect("taking the indexes' states does not panic"), checkpoint)
+        });
+        checkpoint.map(|c| Checkpoint { indexes, ..c })
     }
 
     /// The similarity indexes' states, when they are at the views' epoch: called with the views held, it takes them
@@ -238,10 +249,7 @@ impl super::state::Shared {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let t = std::time::Instant::now();
-        let checkpoint = {
-            let views = self.views();
-            views.as_of.and_then(|a| Checkpoint::of(&views, &self.config, self.fed_by(a), self.index_states()))
-        };
+        let checkpoint = self.take_checkpoint();
         if let Some(c) = checkpoint {
             self.write_checkpoint(&c, t.elapsed());
         }
@@ -250,6 +258,7 @@ impl super::state::Shared {
 
     /// Writes `c`, which took `taken` to take (on the views sink's thread, for a checkpoint in the background).
     fn write_checkpoint(&self, c: &Checkpoint, taken: std::time::Duration) {
+        self.metrics.checkpoint_pause_seconds.observe(taken.as_secs_f64());
         let t = std::time::Instant::now();
         match c.write(&self.checkpoint_path()) {
             Ok(bytes) => {
