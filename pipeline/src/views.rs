@@ -741,6 +741,7 @@ impl Views {
             for (a, links) in &v.adjacency {
                 // A layer-0 edge joins two nodes, a layer edge two clusters: `a` decides, looked up once.
                 let a_is_node = v.nodes.contains_key(a.as_str());
+                let layer = if structure { v.clusters.get(a.as_str()).map_or(0, |c| c.layer) } else { 0 };
                 for (b, w) in links.after(a) {
                     if a_is_node && v.nodes.contains_key(b.as_str()) {
                         if dataflow {
@@ -748,23 +749,19 @@ impl Views {
                             updates.push(ViewUpdate::Edge(Box::new(Edge { space: s(), u, v, weight_micro: *w })));
                         }
                     } else if structure {
-                        let layer = v.clusters.get(a.as_str()).map_or(0, |c| c.layer);
                         updates.push(ViewUpdate::LayerEdge(n.clone(), layer, a.clone(), b.clone(), u64::from(*w)));
                     }
                 }
             }
             if structure {
                 for (c, cv) in &v.clusters {
+                    // One name for the cluster, shared by its memberships and its summary.
+                    let c = Name::from(c.as_str());
                     for m in &cv.members {
-                        updates.push(ViewUpdate::Cluster(n.clone(), cv.layer, Name::from(c.as_str()), m.clone()));
+                        updates.push(ViewUpdate::Cluster(n.clone(), cv.layer, c.clone(), m.clone()));
                     }
                     if let Some((text, emb)) = &cv.summary {
-                        updates.push(ViewUpdate::Summary(
-                            n.clone(),
-                            cv.layer,
-                            Name::from(c.as_str()),
-                            Name::from(text.as_str()),
-                        ));
+                        updates.push(ViewUpdate::Summary(n.clone(), cv.layer, c, Name::from(text.as_str())));
                         if with_vectors {
                             vectors.push((text.clone(), emb.clone()));
                         }
