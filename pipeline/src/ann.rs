@@ -285,7 +285,9 @@ impl NodeAnn {
         state: AnnState,
         nodes: &operators::fasthash::HashMap<Name, (Node, Embedding)>,
     ) -> Result<NodeAnn, String> {
-        let mut ann = NodeAnn::empty(params, nodes.len());
+        // The graph comes whole from the state: the empty index sizes nothing for it.
+        let mut ann = NodeAnn::empty(params, 0);
+        ann.live.reserve(nodes.len());
         let mut vectors = Vec::with_capacity(state.points.len());
         for (p, point) in state.points.into_iter().enumerate() {
             let ids = match point {

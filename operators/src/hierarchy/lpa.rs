@@ -38,6 +38,9 @@ pub struct Lpa {
     linked_from: Vec<Vec<u32>>,
     /// With components: each slot's [`replica_hash`], taken when the slot gets its key.
     hash: Vec<u64>,
+    /// Scratch for a round of propagation: a flag per slot, all clear between rounds (kept, not allocated per
+    /// epoch: a space's layer has as many slots as replicas).
+    marked: Vec<bool>,
 }
 
 /// A change of the replica graph: a replica `(r, None)` or a directed edge `(x, Some((y, weight)))`.
@@ -192,7 +195,8 @@ impl Lpa {
         let mut changed: Vec<u32> = born.to_vec();
         // A round reads only the round before, so its replicas may be taken in any order: each once, marked in a
         // flag per slot (a set ordered by slot cost most of a whole layer's first build).
-        let mut marked = vec![false; self.labels.len()];
+        let mut marked = std::mem::take(&mut self.marked);
+        marked.resize(self.labels.len(), false);
         let mut todo: Vec<u32> = Vec::new();
         fn mark(s: u32, marked: &mut [bool], todo: &mut Vec<u32>) {
             if !std::mem::replace(&mut marked[s as usize], true) {
@@ -227,6 +231,7 @@ impl Lpa {
             }
             changed = now_changed;
         }
+        self.marked = marked;
         self.changes(old_final, born)
     }
 

@@ -130,6 +130,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
         // What this step took is no longer waiting once its output is in the views (or kept for them).
         let taken_off = || shared.structure_backlog.fetch_sub(taken, std::sync::atomic::Ordering::SeqCst);
         let mut updates = std::mem::take(&mut *out.borrow_mut());
+        let replacing = replace;
         if replace {
             if through < shared.restored_through {
                 // Not yet the checkpoint's layer 0: the views keep the checkpoint's hierarchy a while longer.
@@ -150,7 +151,7 @@ fn run(worker: &mut timely::worker::Worker, shared: &Arc<Shared>, rx: &Mutex<Rec
         apply_to_views(shared, vec![(at, updates)], |views| {
             views.hierarchy_as_of = through.max(views.hierarchy_as_of);
         });
-        if shared.restored_through.is_some() {
+        if replacing {
             shared.metrics.checkpoint_hierarchy_rebuilding.set(0);
         }
         taken_off();
